@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Runs DistFlow's test suite on this machine (sets up .venv first if needed).
+# Usage: bash ci/test.sh [pytest args]      e.g. bash ci/test.sh tests/config -x
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$repo/ci/setup.sh"
+source "$repo/ci/cpu_env.sh"
+cd "$repo"
+# The outer timeout is a last resort: every test also has its own (pytest.ini) and every spawned job too.
+exec timeout 2400 "$repo/.venv/bin/python" -m pytest "$@"

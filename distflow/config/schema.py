@@ -1,0 +1,205 @@
+"""The typed DistFlow config tree: every section and field, with its documentation.
+
+Each field is declared with `option(default, help)`; the help text is what `python -m distflow.config docs`
+prints. Megatron-Core and SGLang settings that DistFlow does not model itself pass through untouched under
+`<role>.megatron` (TransformerConfig fields) and `rollout.sglang` (SGLang ServerArgs fields); their keys are
+checked against those libraries (see passthrough.py).
+"""
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+
+def option(default, help: str):
+    """A config field with a default and its documentation."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def section(cls, help: str):
+    """A nested config section."""
+    return field(default_factory=cls, metadata={"help": help})
+
+
+@dataclass
+class ModelConfig:
+    path: str = option("", "Hugging Face model directory (config.json, *.safetensors, tokenizer) to start from.")
+    tokenizer_path: Optional[str] = option(None, "Tokenizer directory; defaults to model.path.")
+    dtype: Literal["float32", "bfloat16", "float16"] = option(
+        "bfloat16", "Compute dtype of training and rollout. float32 on CPU (no fast bf16 matmul there).")
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = option(1e-6, "Peak learning rate.")
+    min_lr: float = option(0.0, "Final learning rate of the decay schedule.")
+    lr_warmup_steps: int = option(0, "Linear warm-up steps (optimizer steps).")
+    lr_decay_style: Literal["constant", "linear", "cosine"] = option("constant", "Decay after warm-up.")
+    weight_decay: float = option(0.01, "AdamW weight decay.")
+    adam_beta1: float = option(0.9, "Adam beta1.")
+    adam_beta2: float = option(0.999, "Adam beta2.")
+    adam_eps: float = option(1e-8, "Adam epsilon.")
+    clip_grad: float = option(1.0, "Global gradient-norm clip; 0 disables.")
+    use_distributed_optimizer: bool = option(True, "Shard optimizer states over data-parallel ranks (ZeRO-1).")
+
+
+@dataclass
+class MegatronRoleConfig:
+    """Parallel layout and execution options shared by the Megatron roles (actor, critic, reference)."""
+
+    tp: int = option(1, "Tensor-parallel size.")
+    pp: int = option(1, "Pipeline-parallel size.")
+    vpp: int = option(1, "Virtual pipeline stages per pipeline rank (interleaved 1F1B); 1 disables.")
+    cp: int = option(1, "Context-parallel size (needs Transformer Engine: GPU only).")
+    ep: int = option(1, "Expert-parallel size (MoE).")
+    etp: Optional[int] = option(None, "Expert tensor-parallel size (MoE); defaults to tp.")
+    sequence_parallel: bool = option(False, "Megatron sequence parallelism (needs tp > 1).")
+    micro_batch_size: int = option(1, "Sequences per micro-batch when dynamic batching is off.")
+    use_dynamic_batch: bool = option(True, "Pack micro-batches by a token budget instead of a fixed count.")
+    max_tokens_per_micro_batch: int = option(8192, "Token budget of one micro-batch (dynamic batching).")
+    recompute_granularity: Optional[Literal["full", "selective"]] = option(
+        None, "Activation recomputation (Megatron's recompute_granularity); null disables.")
+    recompute_method: Optional[Literal["uniform", "block"]] = option(None, "Megatron's recompute_method.")
+    recompute_num_layers: Optional[int] = option(None, "Megatron's recompute_num_layers.")
+    offload: bool = option(False, "Offload parameters (and optimizer states) to CPU between uses (GPU only).")
+    load: Optional[str] = option(None, "Megatron dist checkpoint to start from instead of model.path.")
+    megatron: dict = option({}, "Extra Megatron-Core TransformerConfig fields, passed through unchanged.")
+
+
+@dataclass
+class ActorConfig(MegatronRoleConfig):
+    mini_batch_size: int = option(0, "Prompts per optimizer step; 0 = the whole rollout batch (one update).")
+    ppo_epochs: int = option(1, "Passes over each rollout batch.")
+    optim: OptimizerConfig = section(OptimizerConfig, "Actor optimizer and LR schedule.")
+
+
+@dataclass
+class CriticConfig(ActorConfig):
+    enable: bool = option(False, "Train a critic (PPO with GAE). Turned on by algorithm.adv_estimator=gae.")
+    path: Optional[str] = option(None, "HF checkpoint to initialise the critic from; defaults to model.path.")
+
+
+@dataclass
+class RefConfig(MegatronRoleConfig):
+    enable: bool = option(True, "Keep a frozen reference model for the KL term (off when no KL is used).")
+
+
+@dataclass
+class RolloutConfig:
+    placement: Literal["colocated", "disaggregated"] = option(
+        "colocated", "colocated: every rank trains and hosts its share of an engine; disaggregated: the last "
+        "rollout.num_ranks ranks host engines only.")
+    num_ranks: int = option(0, "Ranks that host engines in disaggregated placement (0 when colocated).")
+    engine_tp: int = option(1, "Tensor-parallel size of one SGLang engine; one engine per engine_tp ranks.")
+    n: int = option(8, "Samples per prompt (the GRPO group size).")
+    temperature: float = option(1.0, "Sampling temperature.")
+    top_p: float = option(1.0, "Nucleus sampling threshold.")
+    top_k: int = option(-1, "Top-k sampling; -1 disables.")
+    max_new_tokens: int = option(512, "Maximum response length in tokens.")
+    stop: list[str] = option([], "Stop strings.")
+    stop_token_ids: list[int] = option([], "Stop token ids (the tokenizer's EOS is always one).")
+    mem_fraction_static: Optional[float] = option(
+        None, "Fraction of GPU memory for the engine's weights and KV cache; null = SGLang's default.")
+    release_memory_in_training: bool = option(
+        True, "Colocated: engines free their GPU memory while training runs (no-op on CPU).")
+    sglang: dict = option({}, "Extra SGLang ServerArgs fields, passed through to sglang.Engine unchanged.")
+
+
+@dataclass
+class SyncConfig:
+    bucket_mb: int = option(512, "Size bound of one weight-sync bucket, in MB.")
+    verify: bool = option(False, "After each sync, compare per-bucket checksums of engine and trainer weights.")
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: Literal["grpo", "gae", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = option(
+        "grpo", "Advantage estimator.")
+    norm_adv_by_std: bool = option(True, "GRPO: divide by the group's std (false gives Dr. GRPO).")
+    gamma: float = option(1.0, "Discount (GAE, REINFORCE++).")
+    lam: float = option(1.0, "GAE lambda.")
+    policy_loss: Literal["ppo", "gspo"] = option("ppo", "ppo: token-level clipped ratio; gspo: sequence ratio.")
+    clip_ratio_low: float = option(0.2, "Lower clip range (1 - low).")
+    clip_ratio_high: float = option(0.2, "Upper clip range (1 + high); DAPO's clip-higher raises it.")
+    clip_ratio_c: float = option(3.0, "Dual-clip bound for negative advantages.")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = option("token-mean", "How token losses are aggregated.")
+    entropy_coef: float = option(0.0, "Entropy bonus coefficient.")
+    kl_coef: float = option(0.0, "KL-to-reference coefficient; 0 disables the reference model.")
+    kl_estimator: Literal["k1", "k2", "k3"] = option("k3", "KL estimator (k3: low-variance).")
+    kl_in_reward: bool = option(False, "Apply KL as a reward penalty instead of a loss term.")
+    value_clip: float = option(0.5, "Critic value clip range (PPO).")
+    dynamic_sampling: bool = option(False, "DAPO: drop groups whose rewards are all equal, refill the batch.")
+    max_sampling_attempts: int = option(3, "DAPO: generation rounds before training on a partial batch.")
+    overlong_buffer_len: int = option(0, "DAPO overlong shaping: penalty ramp length in tokens; 0 disables.")
+    overlong_penalty_factor: float = option(1.0, "DAPO overlong shaping: maximum penalty.")
+
+
+@dataclass
+class DagConfig:
+    pipeline: str = option("grpo", "Built-in pipeline name or a user pipeline as 'module:function'.")
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = option([], "Training parquet files (prompt, data_source, reward_model, extra_info).")
+    val_files: list[str] = option([], "Held-out parquet files.")
+    prompt_key: str = option("prompt", "Column holding the chat messages.")
+    max_prompt_length: int = option(512, "Prompts longer than this (tokens) are filtered out.")
+    train_batch_size: int = option(64, "Prompts per RL step (over all ranks).")
+    val_batch_size: int = option(256, "Prompts per validation batch.")
+    shuffle: bool = option(True, "Shuffle every epoch.")
+    seed: int = option(1, "Data order seed.")
+
+
+@dataclass
+class RewardConfig:
+    name: str = option("gsm8k", "Built-in rule-based scorer (by data_source when 'auto').")
+    custom: Optional[str] = option(None, "Custom scorer as 'module:function'.")
+    model_path: Optional[str] = option(None, "Reward model checkpoint (Megatron forward with a scalar head).")
+    timeout_s: float = option(10.0, "Per-sample scorer timeout; a timeout scores 0 and counts in reward/errors.")
+    num_workers: int = option(2, "Scorer process-pool size.")
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = option(100, "RL steps to run.")
+    seed: int = option(1, "Global seed (model init, sampling).")
+    val_every: int = option(0, "Validate every k steps; 0 disables.")
+    output_dir: str = option("outputs/run", "Where metrics, checkpoints and the exported model go.")
+    device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: cuda when available, else cpu (gloo).")
+    dist_timeout_s: int = option(600, "Timeout of every collective and process-group set-up, in seconds.")
+
+
+@dataclass
+class TrackingConfig:
+    project: str = option("distflow", "W&B project / run group.")
+    run_name: Optional[str] = option(None, "Run name; defaults to the output folder's name.")
+    backends: list[str] = option(["console", "jsonl"], "Any of console, jsonl, wandb, tensorboard.")
+    wandb_mode: Literal["auto", "online", "offline", "disabled"] = option(
+        "auto", "auto: online with WANDB_API_KEY set, else offline.")
+
+
+@dataclass
+class CheckpointConfig:
+    save_every: int = option(0, "Save every k steps; 0 saves only at the end.")
+    keep_last: int = option(2, "Checkpoints to keep.")
+    resume: str = option("auto", "auto (latest in output_dir if any), never, or a checkpoint path.")
+    export_hf: bool = option(True, "Export the final actor to Hugging Face safetensors.")
+
+
+@dataclass
+class DistFlowConfig:
+    model: ModelConfig = section(ModelConfig, "The model being trained.")
+    actor: ActorConfig = section(ActorConfig, "Actor: the policy being trained (Megatron).")
+    critic: CriticConfig = section(CriticConfig, "Critic: the value model (Megatron, PPO only).")
+    ref: RefConfig = section(RefConfig, "Reference policy for the KL term (Megatron, forward only).")
+    rollout: RolloutConfig = section(RolloutConfig, "SGLang rollout engines.")
+    sync: SyncConfig = section(SyncConfig, "Weight sync from Megatron into the engines.")
+    algorithm: AlgorithmConfig = section(AlgorithmConfig, "Advantages, losses and KL.")
+    dag: DagConfig = section(DagConfig, "The workflow graph every rank runs.")
+    data: DataConfig = section(DataConfig, "Training and validation data.")
+    reward: RewardConfig = section(RewardConfig, "Reward functions.")
+    trainer: TrainerConfig = section(TrainerConfig, "The training loop.")
+    tracking: TrackingConfig = section(TrackingConfig, "Metrics tracking.")
+    checkpoint: CheckpointConfig = section(CheckpointConfig, "Checkpointing and resume.")

@@ -1,0 +1,104 @@
+"""Checks that need more than one field, and the pass-through keys against Megatron-Core and SGLang.
+
+Runs before any process group exists. Layout checks against world size and the model live in
+distflow.layout; here only what the config alone can tell.
+"""
+import dataclasses
+import functools
+import warnings
+
+from distflow.config.loader import ConfigError, unknown_key_message
+from distflow.config.schema import DistFlowConfig
+
+# Pass-through keys that DistFlow derives from its own fields: setting them twice would disagree silently.
+_MEGATRON_OWNED = {
+    "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep", "expert_tensor_parallel_size": "etp",
+    "virtual_pipeline_model_parallel_size": "vpp", "sequence_parallel": "sequence_parallel",
+    "recompute_granularity": "recompute_granularity", "recompute_method": "recompute_method",
+    "recompute_num_layers": "recompute_num_layers",
+}
+_SGLANG_OWNED = {"model_path": "model.path", "tokenizer_path": "model.tokenizer_path", "tp_size": "rollout.engine_tp",
+                 "dtype": "model.dtype", "mem_fraction_static": "rollout.mem_fraction_static",
+                 "random_seed": "trainer.seed", "dp_size": "rollout.num_ranks / rollout.engine_tp"}
+TRACKING_BACKENDS = ("console", "jsonl", "wandb", "tensorboard")
+
+
+def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowConfig:
+    """Raises ConfigError on the first inconsistency; returns cfg unchanged otherwise."""
+    for role in ("actor", "critic", "ref"):
+        _validate_role(role, getattr(cfg, role))
+    r = cfg.rollout
+    if r.placement == "colocated" and r.num_ranks != 0:
+        raise ConfigError(f"rollout.num_ranks={r.num_ranks} only applies to placement=disaggregated; "
+                          "colocated engines use every rank (set rollout.num_ranks=0)")
+    if r.placement == "disaggregated" and r.num_ranks < 1:
+        raise ConfigError("rollout.placement=disaggregated needs rollout.num_ranks >= 1 (ranks hosting engines)")
+    _positive("rollout.engine_tp", r.engine_tp)
+    _positive("rollout.n", r.n)
+    _positive("rollout.max_new_tokens", r.max_new_tokens)
+    if not 0 < r.top_p <= 1:
+        raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
+    if r.temperature < 0:
+        raise ConfigError(f"rollout.temperature={r.temperature} must be >= 0")
+    _positive("sync.bucket_mb", cfg.sync.bucket_mb)
+    _positive("data.train_batch_size", cfg.data.train_batch_size)
+    if cfg.algorithm.adv_estimator == "gae" and not cfg.critic.enable:
+        raise ConfigError("algorithm.adv_estimator=gae needs a critic: set critic.enable=true")
+    for i, backend in enumerate(cfg.tracking.backends):
+        if backend not in TRACKING_BACKENDS:
+            raise ConfigError(f"tracking.backends[{i}]={backend!r} is not one of {list(TRACKING_BACKENDS)}")
+    if check_passthrough:
+        for role in ("actor", "critic", "ref"):
+            _validate_keys(f"{role}.megatron", getattr(cfg, role).megatron, megatron_fields, _MEGATRON_OWNED,
+                           f"{role}.")
+        _validate_keys("rollout.sglang", r.sglang, sglang_fields, _SGLANG_OWNED, "")
+    return cfg
+
+
+def _validate_role(role: str, rc) -> None:
+    for name in ("tp", "pp", "vpp", "cp", "ep", "micro_batch_size", "max_tokens_per_micro_batch"):
+        _positive(f"{role}.{name}", getattr(rc, name))
+    if rc.etp is not None:
+        _positive(f"{role}.etp", rc.etp)
+    if rc.sequence_parallel and rc.tp == 1:
+        raise ConfigError(f"{role}.sequence_parallel=true needs {role}.tp > 1 (got tp=1)")
+
+
+def _positive(key: str, value: int) -> None:
+    if value < 1:
+        raise ConfigError(f"{key}={value} must be >= 1")
+
+
+def _validate_keys(where: str, given: dict, valid_fn, owned: dict, owner_prefix: str) -> None:
+    # The library is imported only when there is something to check (importing SGLang takes seconds).
+    valid = valid_fn() if given else None
+    for key in given:
+        if key in owned:
+            raise ConfigError(f"{where}.{key} is set by DistFlow from {owner_prefix}{owned[key]}; set that instead")
+        if valid is not None and key not in valid:
+            raise ConfigError(unknown_key_message(f"{where}.{key}", sorted(valid), f"{where}."))
+
+
+@functools.cache
+def megatron_fields() -> frozenset | None:
+    """TransformerConfig field names (None when megatron-core is not installed: nothing to check against)."""
+    try:
+        with warnings.catch_warnings():  # megatron warns at import that TE/Apex are missing: expected on CPU
+            warnings.simplefilter("ignore")
+            from megatron.core.transformer.transformer_config import TransformerConfig
+    except ImportError:
+        return None
+    return frozenset(f.name for f in dataclasses.fields(TransformerConfig))
+
+
+@functools.cache
+def sglang_fields() -> frozenset | None:
+    """SGLang ServerArgs field names (None when sglang is not installed)."""
+    try:
+        from sglang.srt.server_args import ServerArgs
+    except ImportError:
+        return None
+    if dataclasses.is_dataclass(ServerArgs):
+        return frozenset(f.name for f in dataclasses.fields(ServerArgs))
+    return frozenset(ServerArgs.__struct_fields__)  # a msgspec.Struct in 0.5.x

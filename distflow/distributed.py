@@ -1,0 +1,92 @@
+"""Process-group set-up for one rank: torch.distributed (gloo on CPU, NCCL on GPU) and Megatron's groups.
+
+Called by every rank of a torchrun/srun job; the only inputs are the rank's environment (RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and a validated ClusterLayout, so all ranks agree on
+every group without talking to a coordinator first.
+"""
+import datetime
+import os
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from distflow.layout import LayoutError, ParallelLayout, Placement
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @classmethod
+    def from_environ(cls) -> "RankEnv":
+        return cls(rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1)),
+                   local_rank=int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def resolve_device(requested: str) -> str:
+    """'auto' becomes 'cuda' when a GPU is visible, else 'cpu'; asking for cuda without one is an error."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but no CUDA device is visible; use trainer.device=auto or cpu")
+    return requested
+
+
+def init_process_group(device: str, timeout_s: int) -> RankEnv:
+    """Initialises the default group (idempotent). On CPU also applies the Megatron-Core CPU patches."""
+    env = RankEnv.from_environ()
+    if device == "cpu":
+        import megatron_patches
+
+        megatron_patches.apply()
+    else:
+        torch.cuda.set_device(env.local_rank)
+    if not dist.is_initialized():
+        if "MASTER_ADDR" not in os.environ:  # a plain single-process run, outside torchrun
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        dist.init_process_group(backend="gloo" if device == "cpu" else "nccl", rank=env.rank,
+                                world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    return env
+
+
+def initialize_megatron_groups(layout: ParallelLayout, placement: Placement, timeout_s: int) -> None:
+    """Creates Megatron's TP/PP/DP/CP/EP groups for `layout` over the training ranks."""
+    from megatron.core import parallel_state
+
+    if placement.kind != "colocated":
+        # Megatron-Core 0.16 builds its groups over the whole default world, so training on a subset of
+        # ranks needs its own sub-world; that arrives with disaggregated rollout.
+        raise LayoutError("Megatron process groups for rollout.placement=disaggregated are not supported yet; "
+                          "use rollout.placement=colocated")
+    if dist.get_world_size() != layout.world_size:
+        raise LayoutError(f"the layout covers {layout.world_size} ranks but the job has {dist.get_world_size()}")
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+            virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
+            context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
+            expert_tensor_parallel_size=layout.etp, distributed_timeout_minutes=max(1, timeout_s // 60))
+
+
+def seed_everything(seed: int) -> None:
+    """Same seed on every rank; Megatron's tracker gives TP ranks their own streams where it needs them."""
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

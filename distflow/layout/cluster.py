@@ -1,0 +1,54 @@
+"""ClusterLayout: the placement plus every role's parallel layout, built and validated from the config.
+
+Everything here is pure and runs in one CPU process for any world size (before any process group exists),
+so a bad layout fails in a second with the numbers named, not after minutes of start-up on a cluster.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+from distflow.config.schema import DistFlowConfig
+from distflow.layout.parallel import ParallelLayout
+from distflow.layout.placement import Placement
+from distflow.models.shape import ModelShape
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    placement: Placement
+    actor: ParallelLayout
+    ref: Optional[ParallelLayout]
+    critic: Optional[ParallelLayout]
+
+    @classmethod
+    def from_config(cls, cfg: DistFlowConfig, world_size: int, shape: Optional[ModelShape]) -> "ClusterLayout":
+        r = cfg.rollout
+        placement = Placement.create(r.placement, world_size, r.engine_tp, r.num_ranks)
+        n_train = len(placement.train_ranks)
+        layouts = {}
+        for role, enabled in (("actor", True), ("ref", cfg.ref.enable and needs_reference(cfg)),
+                              ("critic", cfg.critic.enable)):
+            rc = getattr(cfg, role)
+            layouts[role] = ParallelLayout.for_world(n_train, tp=rc.tp, pp=rc.pp, cp=rc.cp, vpp=rc.vpp, ep=rc.ep,
+                                                     etp=rc.etp, role=role) if enabled else None
+        if shape is not None:
+            placement.validate_for_model(shape)
+            for role, layout in layouts.items():
+                if layout is not None:
+                    layout.validate_for_model(shape, role)
+        return cls(placement=placement, **layouts)
+
+    def describe(self) -> str:
+        p = self.placement
+        lines = [f"placement: {p.kind}, world size {p.world_size}, {len(p.train_ranks)} training ranks, "
+                 f"{p.num_engines} engine(s) of TP {p.engine_tp}"]
+        for e in range(p.num_engines):
+            lines.append(f"  engine {e}: ranks {list(p.engine_ranks(e))}")
+        for role in ("actor", "ref", "critic"):
+            layout = getattr(self, role)
+            lines.append(f"{role}: " + (layout.describe() if layout else "off"))
+        return "\n".join(lines)
+
+
+def needs_reference(cfg: DistFlowConfig) -> bool:
+    """A reference model is only built when a KL term uses it."""
+    return cfg.algorithm.kl_coef > 0

@@ -1,0 +1,51 @@
+"""Runs a Python script or module under torchrun in a subprocess, with a hard timeout.
+
+Tests spawn their own processes through this so that a hung collective (or Megatron's checkpoint writer
+dying, which makes its parent wait forever) fails the test with the job's output instead of hanging CI.
+"""
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+def torchrun(target: str, nproc: int, args=(), timeout_s: float = 300, env: dict | None = None,
+             module: bool = False, cwd: str | None = None) -> str:
+    """Runs `torchrun --standalone --nproc-per-node nproc target args...`; returns combined output.
+
+    target is a script path, or a module name when module=True. Raises JobFailed with the output's tail on
+    a non-zero exit or on timeout (the whole process group is killed).
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    cmd += ["-m", target] if module else [str(target)]
+    cmd += [str(a) for a in args]
+    return run(cmd, timeout_s=timeout_s, env=env, cwd=cwd)
+
+
+def run(cmd, timeout_s: float = 300, env: dict | None = None, cwd: str | None = None) -> str:
+    """Runs a command in its own process group; returns its combined output or raises JobFailed."""
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env.update(env or {})
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=full_env, cwd=cwd or REPO_ROOT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise JobFailed(f"timed out after {timeout_s:.0f} s: {' '.join(map(str, cmd))}\n{_tail(out)}")
+    if proc.returncode != 0:
+        raise JobFailed(f"exit code {proc.returncode}: {' '.join(map(str, cmd))}\n{_tail(out)}")
+    return out
+
+
+def _tail(text: str, lines: int = 80) -> str:
+    return "\n".join((text or "").splitlines()[-lines:])

@@ -1,0 +1,93 @@
+"""DistFlow's entry point: every rank of the job runs this same program (multi-controller SPMD).
+
+    torchrun --nproc-per-node N -m distflow.train CONFIG.yaml [section.key=value ...]
+
+Each rank reads the config, validates it and the parallel layouts against the world size and the model
+(before any process group exists), joins the process groups (gloo on CPU, NCCL on GPU), builds
+Megatron's groups from the layout, and runs the pipeline named by dag.pipeline. There is no driver:
+rank 0 is special only for console output.
+
+Rank environment (set by torchrun or a SLURM wrapper): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT. Outside torchrun it runs as a single rank.
+
+Examples:
+    torchrun --nproc-per-node 2 -m distflow.train examples/configs/smoke_cpu.yaml
+    torchrun --nproc-per-node 8 -m distflow.train my.yaml actor.tp=4 rollout.engine_tp=2 trainer.total_steps=200
+    python -m distflow.config show my.yaml actor.tp=4      # print the resolved config, start nothing
+    python -m distflow.config docs                         # every config field, documented
+"""
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+
+from distflow.config import ConfigError, DistFlowConfig, resolve
+from distflow.layout import ClusterLayout, LayoutError
+from distflow.models.shape import ModelShape
+
+
+@dataclass
+class RunContext:
+    """What a pipeline gets: the config, the validated layouts, this rank, and its device."""
+    cfg: DistFlowConfig
+    cluster: ClusterLayout
+    rank: int
+    world_size: int
+    local_rank: int
+    device: str
+
+    def log(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"[distflow] {message}", flush=True)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m distflow.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", help="YAML config file (see examples/configs/)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.tp=2 rollout.n=8")
+    return parser.parse_args(argv)
+
+
+def prepare(argv=None) -> RunContext:
+    """Config and layout validation, then process groups. Raises ConfigError/LayoutError before any group."""
+    import os
+
+    args = parse_args(argv)
+    cfg = resolve(args.config, args.overrides)
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    shape = ModelShape.from_hf_dir(cfg.model.path) if cfg.model.path else None
+    cluster = ClusterLayout.from_config(cfg, world_size, shape)
+
+    from distflow import distributed
+
+    device = distributed.resolve_device(cfg.trainer.device)
+    env = distributed.init_process_group(device, cfg.trainer.dist_timeout_s)
+    distributed.initialize_megatron_groups(cluster.actor, cluster.placement, cfg.trainer.dist_timeout_s)
+    distributed.seed_everything(cfg.trainer.seed)
+    return RunContext(cfg=cfg, cluster=cluster, rank=env.rank, world_size=env.world_size,
+                      local_rank=env.local_rank, device=device)
+
+
+def main(argv=None) -> int:
+    from distflow.pipelines import resolve_pipeline
+
+    start = time.perf_counter()
+    try:
+        ctx = prepare(argv)
+        pipeline = resolve_pipeline(ctx.cfg.dag.pipeline)
+    except (ConfigError, LayoutError, FileNotFoundError, ValueError) as err:
+        print(f"distflow.train: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    ctx.log(f"{ctx.world_size} rank(s) on {ctx.device}\n{ctx.cluster.describe()}")
+    pipeline(ctx)
+    ctx.log(f"done in {time.perf_counter() - start:.1f} s")
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
