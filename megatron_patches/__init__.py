@@ -1,15 +1,16 @@
 """Lets Megatron-Core 0.16.1 run its real code on CPU over gloo (and fixes one upstream bug without TE).
 
-Call `megatron_patches.apply()` once per process after importing torch and before building Megatron models.
-Each patch is a module of its own whose opening comment quotes the failure it fixes; README.md tabulates
-them. A patch is applied only where its failure would occur (CUDA patches only without CUDA), and apply()
-is idempotent.
+Call `megatron_patches.apply()` in every process that runs Megatron, before it builds models or optimizers
+(it imports the Megatron modules it patches). Each patch is a module of its own whose opening comment quotes
+the failure it fixes, with the contract NAME, needed(), is_applied(), apply(); README.md tabulates them.
+A patch is applied only where its failure would occur (the CUDA ones only without CUDA).
 """
-from . import cuda_device, cuda_rng_tracker, cuda_tensor_methods, cuda_tensor_placement
+from . import (cuda_device, cuda_rng_tracker, cuda_streams, cuda_tensor_methods, cuda_tensor_placement,
+               moe_alltoall_split_sizes, moe_te_general_gemm, sequence_parallel_torch_norm)
 
-# Order matters only where a patch builds on another; cuda_device comes first because several later
-# patches hand out torch.cuda.current_device() as the CPU.
-PATCHES = (cuda_device, cuda_rng_tracker, cuda_tensor_placement, cuda_tensor_methods)
+# The patches are independent of each other; the order is only the order apply() reports them in.
+PATCHES = (cuda_device, cuda_tensor_placement, cuda_tensor_methods, cuda_streams, cuda_rng_tracker,
+           moe_alltoall_split_sizes, moe_te_general_gemm, sequence_parallel_torch_norm)
 
 
 def apply() -> list[str]:
