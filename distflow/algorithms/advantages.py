@@ -1,0 +1,150 @@
+"""Advantage estimators: GRPO, RLOO, REINFORCE++ (with and without group baseline) and GAE.
+
+Shapes: `rewards` [batch] are outcome rewards (one per sequence); `token_rewards` [batch, seq] are per-token
+rewards aligned with `response_mask` [batch, seq] (see reward_shaping.py); `group_ids` labels each sample's
+prompt group (groups.py). Advantages are [batch, seq], 0 off the mask, and carry no gradient.
+Spread conventions: group std and batch whitening both use the unbiased (n - 1) estimate.
+Entry for the `advantage` DAG node: `compute_advantages`, which dispatches on `algorithm.adv_estimator`.
+"""
+from typing import Optional
+
+import torch
+
+from distflow.algorithms.aggregation import masked_sum, masked_whiten
+from distflow.algorithms.groups import GroupIds, group_statistics
+
+
+def _broadcast(per_sequence: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """[batch] -> [batch, seq]: the sequence's value on each of its response tokens, 0 elsewhere."""
+    return torch.where(response_mask.bool(), per_sequence.unsqueeze(-1), 0)
+
+
+def _as_float(rewards: torch.Tensor) -> torch.Tensor:
+    return rewards if rewards.is_floating_point() else rewards.float()
+
+
+@torch.no_grad()
+def grpo_advantages(rewards: torch.Tensor, group_ids: GroupIds, response_mask: torch.Tensor,
+                    norm_adv_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: (r - group mean) / (group std + eps), or r - group mean when not `norm_adv_by_std` (Dr. GRPO,
+    which drops the std to avoid up-weighting near-uniform groups). A group of one has no baseline to
+    compare against and gets advantage 0.
+    """
+    rewards = _as_float(rewards)
+    means, stds, sizes = group_statistics(rewards, group_ids)
+    advantages = rewards - means
+    if norm_adv_by_std:
+        advantages = advantages / (stds + eps)
+    return _broadcast(torch.where(sizes > 1, advantages, 0), response_mask)
+
+
+@torch.no_grad()
+def rloo_advantages(rewards: torch.Tensor, group_ids: GroupIds, response_mask: torch.Tensor) -> torch.Tensor:
+    """RLOO: r_i minus the mean reward of the other samples of its group (leave-one-out baseline, which keeps
+    the estimate unbiased). A group of one gets advantage 0.
+    """
+    rewards = _as_float(rewards)
+    means, _, sizes = group_statistics(rewards, group_ids)
+    others_mean = (means * sizes - rewards) / (sizes - 1).clamp(min=1)
+    return _broadcast(torch.where(sizes > 1, rewards - others_mean, 0), response_mask)
+
+
+def _generalised_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
+                            gamma: float, lam: float) -> torch.Tensor:
+    """Raw GAE recursion, right to left over each row's response tokens; [batch, seq], 0 off the mask.
+
+    Masked-out positions are not steps of the trajectory: they pass the carried V_next and A_next through
+    unchanged, so padding after the response and holes inside it (e.g. tool output) neither reset nor
+    discount anything. A Python loop over seq, as the recursion is sequential in t.
+    """
+    mask = response_mask.bool()
+    advantages = torch.zeros_like(token_rewards)
+    next_value = torch.zeros_like(token_rewards[..., 0])
+    next_advantage = torch.zeros_like(token_rewards[..., 0])
+    for t in reversed(range(token_rewards.shape[-1])):
+        delta = token_rewards[..., t] + gamma * next_value - values[..., t]
+        advantage = delta + gamma * lam * next_advantage
+        advantages[..., t] = torch.where(mask[..., t], advantage, 0)
+        next_value = torch.where(mask[..., t], values[..., t], next_value)
+        next_advantage = torch.where(mask[..., t], advantage, next_advantage)
+    return advantages
+
+
+@torch.no_grad()
+def discounted_returns(token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G_t = r_t + gamma * G_(next response token), G = 0 after the last one; [batch, seq], 0 off the mask.
+
+    This is GAE with V = 0 and lam = 1.
+    """
+    token_rewards = _as_float(token_rewards)
+    return _generalised_advantages(token_rewards, torch.zeros_like(token_rewards), response_mask, gamma, 1.0)
+
+
+@torch.no_grad()
+def reinforce_pp_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor,
+                            gamma: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++: token-level discounted returns of `token_rewards` (outcome reward on the last token, minus
+    any KL penalty), whitened over the whole batch under the mask. Returns (advantages, returns).
+    """
+    returns = discounted_returns(token_rewards, response_mask, gamma)
+    return masked_whiten(returns, response_mask), returns
+
+
+@torch.no_grad()
+def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_ids: GroupIds,
+                                     response_mask: torch.Tensor) -> torch.Tensor:
+    """REINFORCE++ with baseline: r - group mean on every response token, then whitened over the batch.
+
+    A group of one has r - mean = 0 before whitening (consistent with GRPO here).
+    """
+    rewards = _as_float(rewards)
+    means, _, _ = group_statistics(rewards, group_ids)
+    return masked_whiten(_broadcast(rewards - means, response_mask), response_mask)
+
+
+@torch.no_grad()
+def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
+                   gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over the response tokens. Returns (advantages, returns).
+
+    delta_t = r_t + gamma * V_next - V_t and A_t = delta_t + gamma * lam * A_next, where "next" is the next
+    response token (V_next = A_next = 0 after the last: the episode ends). returns = A + V, before whitening,
+    are the critic's targets; the advantages are then whitened over the batch under the mask.
+    With gamma = lam = 1, A_t = (sum of rewards from t on) - V_t.
+    """
+    token_rewards = _as_float(token_rewards)
+    values = values.to(token_rewards.dtype)
+    advantages = _generalised_advantages(token_rewards, values, response_mask, gamma, lam)
+    returns = torch.where(response_mask.bool(), advantages + values, 0)
+    return masked_whiten(advantages, response_mask), returns
+
+
+def compute_advantages(config, token_rewards: torch.Tensor, response_mask: torch.Tensor,
+                       group_ids: Optional[GroupIds] = None,
+                       values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Advantages by `config.adv_estimator` (an `AlgorithmConfig` or anything with its fields).
+
+    `token_rewards` [batch, seq] already hold the outcome reward on the last token and, with kl_in_reward,
+    the KL penalty; outcome estimators (grpo, rloo, reinforce_pp_baseline) use their masked sum per
+    sequence. `group_ids` is needed by the group estimators, `values` by gae. Returns (advantages, returns);
+    returns is None for the estimators that have none (grpo, rloo, reinforce_pp_baseline).
+    """
+    estimator = config.adv_estimator
+    needs_groups = estimator in ("grpo", "rloo", "reinforce_pp_baseline")
+    if needs_groups and group_ids is None:
+        raise ValueError(f"adv_estimator={estimator} needs group_ids")
+    rewards = masked_sum(_as_float(token_rewards), response_mask, dim=-1)
+    if estimator == "grpo":
+        return grpo_advantages(rewards, group_ids, response_mask, config.norm_adv_by_std), None
+    if estimator == "rloo":
+        return rloo_advantages(rewards, group_ids, response_mask), None
+    if estimator == "reinforce_pp_baseline":
+        return reinforce_pp_baseline_advantages(rewards, group_ids, response_mask), None
+    if estimator == "reinforce_pp":
+        return reinforce_pp_advantages(token_rewards, response_mask, config.gamma)
+    if estimator == "gae":
+        if values is None:
+            raise ValueError("adv_estimator=gae needs the critic's values")
+        return gae_advantages(token_rewards, values, response_mask, config.gamma, config.lam)
+    raise ValueError(f"unknown adv_estimator {estimator!r}; valid: grpo, gae, rloo, reinforce_pp, "
+                     "reinforce_pp_baseline")
