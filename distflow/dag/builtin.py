@@ -1,0 +1,71 @@
+"""Built-in RL pipelines: GRPO, PPO, DAPO, RLOO, REINFORCE++ as DAGs over the node functions.
+
+The node functions live in distflow.nodes (one module per kind of work); a pipeline only says who runs
+what on which data. A user pipeline is any `module:function` returning a Pipeline (dag.pipeline=...).
+"""
+from distflow.config.schema import DistFlowConfig
+from distflow.dag.graph import Pipeline
+
+N = "distflow.nodes"
+
+
+def _head(p: Pipeline, cfg: DistFlowConfig) -> Pipeline:
+    """generate -> reward, shared by every pipeline."""
+    p.add("generate", "rollout", f"{N}.rollout:generate", ["prompts"], ["samples"],
+          doc=f"each engine samples rollout.n={cfg.rollout.n} responses per prompt of its shard")
+    p.add("reward", "reward", f"{N}.reward:score", ["samples"], ["rewards"],
+          doc="rule-based, custom or model reward per sample")
+    return p
+
+
+def _logprobs(p: Pipeline, cfg: DistFlowConfig, src: str) -> None:
+    p.add("old_logprob", "actor", f"{N}.logprob:actor_logprobs", [src], ["old_logprobs"],
+          doc="the actor's log-probs before the update (Megatron forward, training layout)")
+    if cfg.algorithm.kl_coef > 0 and cfg.ref.enable:
+        p.add("ref_logprob", "ref", f"{N}.logprob:ref_logprobs", [src], ["ref_logprobs"],
+              doc="the frozen reference's log-probs, for the KL term")
+
+
+def _tail(p: Pipeline, cfg: DistFlowConfig, src: str) -> Pipeline:
+    inputs = [src, "advantages", "old_logprobs"]
+    if cfg.algorithm.kl_coef > 0 and cfg.ref.enable:
+        inputs.append("ref_logprobs")
+    p.add("train_actor", "actor", f"{N}.train:train_actor", inputs, ["actor_metrics"],
+          doc="policy update: mini-batches, token-budget micro-batches, clipping")
+    p.add("sync_weights", "all", f"{N}.sync:sync_weights", ["actor_metrics"], ["weight_version"],
+          doc="the resharding coordinator pushes the new weights into the engines")
+    return p
+
+
+def grpo(cfg: DistFlowConfig, name: str = "grpo") -> Pipeline:
+    p = _head(Pipeline(name), cfg)
+    _logprobs(p, cfg, "samples")
+    p.add("advantage", "all", f"{N}.advantage:compute", ["samples", "rewards"], ["advantages"], keep_groups=True,
+          doc=f"group-normalised advantages ({cfg.algorithm.adv_estimator})")
+    return _tail(p, cfg, "samples")
+
+
+def ppo(cfg: DistFlowConfig) -> Pipeline:
+    p = _head(Pipeline("ppo"), cfg)
+    _logprobs(p, cfg, "samples")
+    p.add("values", "critic", f"{N}.logprob:critic_values", ["samples"], ["values"], doc="critic forward")
+    p.add("advantage", "all", f"{N}.advantage:compute", ["samples", "rewards", "values"], ["advantages", "returns"],
+          doc="GAE advantages and returns")
+    p.add("train_critic", "critic", f"{N}.train:train_critic", ["samples", "values", "returns"], ["critic_metrics"],
+          doc="value update with clipping")
+    return _tail(p, cfg, "samples")
+
+
+def dapo(cfg: DistFlowConfig) -> Pipeline:
+    p = _head(Pipeline("dapo"), cfg)
+    p.add("dynamic_sampling", "all", f"{N}.filters:dynamic_sampling", ["samples", "rewards"],
+          ["kept_samples", "kept_rewards"], keep_groups=True,
+          doc="drop groups whose rewards are all equal; generate again until the batch is full (collective)")
+    _logprobs(p, cfg, "kept_samples")
+    p.add("advantage", "all", f"{N}.advantage:compute", ["kept_samples", "kept_rewards"], ["advantages"],
+          keep_groups=True, doc="group-normalised advantages")
+    return _tail(p, cfg, "kept_samples")
+
+
+BUILTIN = {"grpo": grpo, "ppo": ppo, "dapo": dapo,
+           "rloo": lambda cfg: grpo(cfg, "rloo"), "reinforce_pp": lambda cfg: grpo(cfg, "reinforce_pp")}
