@@ -115,6 +115,11 @@ def coerce(value: Any, hint, key: str):
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if hint is float and isinstance(value, str):
+        try:  # YAML 1.1 reads "1e-6" (no dot) as a string; every user writes learning rates that way
+            return float(value)
+        except ValueError:
+            pass
     if hint in (int, float, str, bool):
         # bool is a subclass of int: `actor.tp=true` must not pass as 1.
         if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):

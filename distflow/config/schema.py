@@ -150,14 +150,18 @@ class DataConfig:
     val_batch_size: int = option(256, "Prompts per validation batch.")
     shuffle: bool = option(True, "Shuffle every epoch.")
     seed: int = option(1, "Data order seed.")
+    skip_bad_rows: bool = option(
+        False, "Skip (and count) rows that do not follow the schema instead of failing on the first one.")
 
 
 @dataclass
 class RewardConfig:
-    name: str = option("gsm8k", "Built-in rule-based scorer (by data_source when 'auto').")
+    name: str = option(
+        "gsm8k", "Built-in rule-based scorer: gsm8k, gsm8k_flexible, math, copy, or auto (chosen per sample from "
+        "its data_source; see distflow/rewards/registry.py).")
     custom: Optional[str] = option(None, "Custom scorer as 'module:function'.")
     model_path: Optional[str] = option(None, "Reward model checkpoint (Megatron forward with a scalar head).")
-    timeout_s: float = option(10.0, "Per-sample scorer timeout; a timeout scores 0 and counts in reward/errors.")
+    timeout_s: float = option(10.0, "Per-sample scorer timeout; a timeout scores 0 and counts in reward/timeouts.")
     num_workers: int = option(2, "Scorer process-pool size.")
 
 

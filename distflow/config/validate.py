@@ -3,6 +3,7 @@
 Runs before any process group exists. Layout checks against world size and the model live in
 distflow.layout; here only what the config alone can tell.
 """
+import contextlib
 import dataclasses
 import functools
 import warnings
@@ -95,10 +96,15 @@ def megatron_fields() -> frozenset | None:
 @functools.cache
 def sglang_fields() -> frozenset | None:
     """SGLang ServerArgs field names (None when sglang is not installed)."""
-    try:
-        from sglang.srt.server_args import ServerArgs
-    except ImportError:
-        return None
+    from distflow.cpu_support import cuda_available, sglang_cpu_launch
+
+    # On CPU, SGLang must be imported under its CPU environment: it caches its platform check at first
+    # use, and an engine started later in this process would otherwise take the GPU code paths.
+    with contextlib.nullcontext() if cuda_available() else sglang_cpu_launch():
+        try:
+            from sglang.srt.server_args import ServerArgs
+        except ImportError:
+            return None
     if dataclasses.is_dataclass(ServerArgs):
         return frozenset(f.name for f in dataclasses.fields(ServerArgs))
     return frozenset(ServerArgs.__struct_fields__)  # a msgspec.Struct in 0.5.x

@@ -45,6 +45,8 @@ class RankController:
         """Runs one pass over the DAG. `sources` holds this rank's share of the pipeline's source data."""
         store = dict(sources)
         timing = {}
+        if hasattr(self.mover, "new_step"):
+            self.mover.new_step()
         for node in self.order:
             start = time.perf_counter()
             try:

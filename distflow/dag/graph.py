@@ -47,6 +47,10 @@ class Pipeline:
     nodes: list[Node] = field(default_factory=list)
     sources: tuple[str, ...] = ("prompts",)
     """Data that exists before the first node: the step's prompt batch, read by each rank from its shard."""
+    fields: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Data name -> {field: "first" | "last" | "all"}: the fields of a PackedBatch that may move between
+    layouts and the pipeline stages that read each (declared, because every rank plans the move,
+    including ranks that hold none of the data)."""
 
     def add(self, id: str, role: str, fn, inputs: Iterable[str] = (), outputs: Iterable[str] = (),
             keep_groups: bool = False, doc: str = "") -> "Pipeline":

@@ -24,6 +24,10 @@ def test_yaml_and_overrides_reach_typed_fields(tmp_path):
     assert cfg.critic.tp == 1  # untouched sections keep their defaults
 
 
+def test_exponent_without_dot_is_a_float():
+    assert resolve(None, ["actor.optim.lr=1e-6"]).actor.optim.lr == 1e-6
+
+
 def test_int_is_accepted_for_float_field():
     cfg = resolve(None, ["rollout.temperature=1"])
     assert cfg.rollout.temperature == 1.0 and isinstance(cfg.rollout.temperature, float)
