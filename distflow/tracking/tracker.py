@@ -1,0 +1,196 @@
+"""Tracker: one `log(metrics, step)` fanned out to console, JSONL, TensorBoard and W&B, on rank 0 only.
+
+Metric names (shared by every pipeline, so that plots and dashboards work for all of them):
+  timing_s/<node>                     seconds spent in each DAG node this step (timing_s/step: the whole step)
+  perf/throughput, perf/time_per_step tokens/s per GPU, seconds per step
+  actor/*, critic/*                   losses, KL, entropy, grad norm, lr, clip fractions
+  rollout/response_length/{mean,max,min,clip_ratio}
+  reward/*                            reward/mean, reward/errors, reward/timeouts, ... (RewardPool stats)
+  val/*                               validation metrics
+  sync/{seconds,bytes}                weight sync into the engines
+  data/*                              data pipeline counters (epoch, filtered prompts)
+Other names are logged too, with a one-time warning.
+
+Resume: construct with the `run_id` and last step saved in the checkpoint. JSONL appends to the same file
+(dropping lines after `resume_step`, logged before a crash but not checkpointed), TensorBoard purges events
+after it, and W&B resumes the same run id.
+"""
+import json
+import logging
+import math
+import os
+import secrets
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+METRIC_PREFIXES = ("timing_s/", "perf/", "actor/", "critic/", "rollout/", "reward/", "val/", "sync/", "data/")
+# What the console line shows first (those present); everything is in metrics.jsonl.
+_CONSOLE_KEYS = ("reward/mean", "val/reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
+                 "rollout/response_length/mean", "perf/throughput", "perf/time_per_step", "sync/seconds")
+_CONSOLE_MAX = 8
+
+
+class Tracker:
+    """Metrics sink of one run. Every rank may build one; only rank 0 writes (elsewhere every call is a no-op).
+
+    cfg: a TrackingConfig (project, run_name, backends, wandb_mode). output_dir: where metrics.jsonl,
+    tensorboard/ and wandb/ go. run_id: the id of the run to continue (from the checkpoint), or None for a
+    new run; `self.run_id` is the id to store in checkpoints (rank 0's is authoritative). resume_step: the
+    step of the checkpoint resumed from (later entries are dropped). config: the run's config, for W&B.
+    """
+
+    def __init__(self, cfg, output_dir: str | Path, *, rank: int = 0, run_id: str | None = None,
+                 resume_step: int | None = None, config: dict | None = None):
+        self.rank = rank
+        self.output_dir = Path(output_dir)
+        self.run_id = run_id or (_new_run_id() if rank == 0 else None)
+        self._backends = []
+        self._warned_prefixes: set[str] = set()
+        if rank != 0:
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        name = cfg.run_name or self.output_dir.resolve().name
+        for backend in cfg.backends:
+            if backend == "console":
+                self._backends.append(_Console())
+            elif backend == "jsonl":
+                self._backends.append(_Jsonl(self.output_dir / "metrics.jsonl", resume_step))
+            elif backend == "tensorboard":
+                self._backends.append(_TensorBoard(self.output_dir / "tensorboard", resume_step))
+            elif backend == "wandb":
+                if cfg.wandb_mode != "disabled":
+                    self._backends.append(_Wandb(cfg.project, name, self.run_id, cfg.wandb_mode,
+                                                 self.output_dir, config))
+            else:
+                raise ValueError(f"unknown tracking backend {backend!r}; choose from console, jsonl, "
+                                 "tensorboard, wandb")
+
+    def log(self, metrics: dict, step: int) -> None:
+        """Records `metrics` (name -> number; tensors and numpy scalars are converted) for `step`."""
+        if not self._backends:
+            return
+        clean = {}
+        for key, value in metrics.items():
+            if hasattr(value, "item"):
+                value = value.item()
+            if isinstance(value, bool):
+                value = int(value)
+            if not isinstance(value, (int, float)):
+                raise TypeError(f"metric {key!r} is {type(value).__name__}, not a number")
+            clean[key] = value
+            self._check_name(key)
+        for backend in self._backends:
+            backend.log(clean, step)
+
+    def close(self) -> None:
+        for backend in self._backends:
+            backend.close()
+        self._backends = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _check_name(self, key: str) -> None:
+        if not key.startswith(METRIC_PREFIXES):
+            prefix = key.split("/")[0]
+            if prefix not in self._warned_prefixes:
+                self._warned_prefixes.add(prefix)
+                logger.warning("metric %r is outside the naming conventions (%s)", key, ", ".join(METRIC_PREFIXES))
+
+
+def wandb_mode(mode: str) -> str:
+    """auto -> online when WANDB_API_KEY is set, else offline (no network needed)."""
+    if mode == "auto":
+        return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    return mode
+
+
+def _new_run_id() -> str:
+    # W&B's id alphabet: lowercase letters and digits.
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    return "".join(secrets.choice(alphabet) for _ in range(8))
+
+
+class _Console:
+    def log(self, metrics: dict, step: int) -> None:
+        shown = [k for k in _CONSOLE_KEYS if k in metrics][:_CONSOLE_MAX]
+        parts = [f"step {step}"] + [f"{k} {_short(metrics[k])}" for k in shown]
+        hidden = len(metrics) - len(shown)
+        print(" | ".join(parts) + (f" (+{hidden} more)" if hidden else ""), flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class _Jsonl:
+    """One JSON object per line, {"step", "time", **metrics}, flushed after each step."""
+
+    def __init__(self, path: Path, resume_step: int | None):
+        if path.exists():
+            text = path.read_text()
+            # A crash can leave a torn last line; keep whole records only, and none after resume_step.
+            steps = [(line, _record_step(line)) for line in text.splitlines()]
+            kept = "".join(line + "\n" for line, step in steps
+                           if step is not None and (resume_step is None or step <= resume_step))
+            if kept != text:
+                path.write_text(kept)
+        self.file = open(path, "a")
+
+    def log(self, metrics: dict, step: int) -> None:
+        record = {"step": step, "time": time.time(), **{k: _json_number(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class _TensorBoard:
+    def __init__(self, log_dir: Path, resume_step: int | None):
+        from torch.utils.tensorboard import SummaryWriter  # imported only when the backend is on
+
+        purge = None if resume_step is None else resume_step + 1
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge)
+
+    def log(self, metrics: dict, step: int) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _Wandb:
+    def __init__(self, project: str, name: str, run_id: str, mode: str, output_dir: Path, config: dict | None):
+        import wandb  # imported only when the backend is on
+
+        self.run = wandb.init(project=project, name=name, id=run_id, resume="allow", mode=wandb_mode(mode),
+                              dir=str(output_dir), config=config)
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def _short(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _json_number(value):
+    # JSON has no NaN/inf; null keeps the line valid for every reader.
+    return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
+def _record_step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None

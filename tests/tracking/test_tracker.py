@@ -1,0 +1,85 @@
+"""Tracker: JSONL written and appended on resume, W&B offline run dir, TensorBoard events, rank 0 only."""
+import json
+import runpy
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from distflow.tracking import Tracker, wandb_mode
+
+
+def config(*backends, mode="offline"):
+    return SimpleNamespace(project="distflow-test", run_name=None, backends=list(backends), wandb_mode=mode)
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_jsonl_and_resume_appends(tmp_path, capsys):
+    with Tracker(config("console", "jsonl"), tmp_path) as t:
+        run_id = t.run_id
+        for step in (1, 2, 3):
+            t.log({"reward/mean": step / 10, "perf/throughput": 100 * step, "actor/grad_norm": 1.0}, step)
+            assert len(records(tmp_path)) == step       # flushed at every step
+    assert "step 3 | reward/mean 0.3 | perf/throughput 300 (+1 more)" in capsys.readouterr().out
+    assert len(run_id) == 8
+    # Crash after step 3, resumed from the checkpoint of step 2: step 3 is logged again, once.
+    with Tracker(config("jsonl"), tmp_path, run_id=run_id, resume_step=2) as t:
+        assert t.run_id == run_id
+        t.log({"reward/mean": 0.33}, 3)
+        t.log({"reward/mean": 0.4}, 4)
+    assert [(r["step"], r["reward/mean"]) for r in records(tmp_path)] == [(1, 0.1), (2, 0.2), (3, 0.33), (4, 0.4)]
+
+
+def test_torn_line_and_conversions(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n{"step": 2, "rew')
+    with Tracker(config("jsonl"), tmp_path) as t:
+        t.log({"reward/mean": float("nan"), "data/epoch": True}, 2)
+        with pytest.raises(TypeError, match="'reward/name' is str"):
+            t.log({"reward/name": "x"}, 3)
+    assert records(tmp_path) == [{"step": 1, "reward/mean": 0.5},
+                                 {**records(tmp_path)[1], "step": 2, "reward/mean": None, "data/epoch": 1}]
+
+
+def test_other_ranks_do_nothing(tmp_path):
+    t = Tracker(config("console", "jsonl", "wandb"), tmp_path / "run", rank=1, run_id="abc")
+    t.log({"reward/mean": 1.0}, 1)
+    t.close()
+    assert t.run_id == "abc" and not (tmp_path / "run").exists()
+
+
+def test_wandb_offline_run_dir_and_resume(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    assert wandb_mode("auto") == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert wandb_mode("auto") == "online" and wandb_mode("offline") == "offline"
+    # As after a resume: the run id comes from the checkpoint and W&B continues that run (resume="allow").
+    with Tracker(config("wandb", mode="offline"), tmp_path, run_id="resumed1", resume_step=4,
+                 config={"lr": 1e-6}) as t:
+        t.log({"reward/mean": 0.5}, 5)
+        assert t.run_id == "resumed1"
+    runs = list((tmp_path / "wandb").glob("offline-run-*-resumed1"))
+    assert len(runs) == 1 and (runs[0] / "run-resumed1.wandb").stat().st_size > 0
+
+
+def test_tensorboard_events(tmp_path):
+    pytest.importorskip("tensorboard")
+    with Tracker(config("tensorboard"), tmp_path) as t:
+        t.log({"reward/mean": 0.5}, 1)
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_plot_metrics(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    with Tracker(config("jsonl"), tmp_path) as t:
+        for step in range(1, 6):
+            t.log({"reward/mean": step / 5, "val/reward/mean": step / 6, "rollout/response_length/mean": 10.0 + step,
+                   "rollout/response_length/max": 20, "actor/kl_loss": 0.01 * step, "perf/throughput": 1e3}, step)
+    main = runpy.run_path(str(Path(__file__).parents[2] / "tools" / "plot_metrics.py"))["main"]
+    written = main([str(tmp_path)])
+    assert sorted(p.name for p in written) == ["kl.png", "response_length.png", "reward.png", "throughput.png"]
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
+    assert str(tmp_path / "plots" / "reward.png") in capsys.readouterr().out
