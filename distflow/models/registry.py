@@ -1,9 +1,11 @@
 """Maps a Hugging Face checkpoint's `architectures[0]` to the family spec that converts it."""
-from distflow.models import llama, mistral, qwen2, qwen3
+from distflow.models import llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe
 from distflow.models.spec import DenseFamilySpec
 
-SPECS: dict[str, DenseFamilySpec] = {m.SPEC.hf_architecture: m.SPEC for m in (llama, qwen2, qwen3, mistral)}
-DENSE_FAMILIES = tuple(spec.family for spec in SPECS.values())
+SPECS: dict[str, DenseFamilySpec] = {m.SPEC.hf_architecture: m.SPEC
+                                     for m in (llama, qwen2, qwen3, mistral, mixtral, qwen2_moe, qwen3_moe)}
+DENSE_FAMILIES = tuple(spec.family for spec in SPECS.values() if not spec.moe)
+MOE_FAMILIES = tuple(spec.family for spec in SPECS.values() if spec.moe)
 
 
 def spec_for(hf_config) -> DenseFamilySpec:

@@ -5,6 +5,7 @@ name mapping (weight_mapping.py) and the TP layout (tp_sharding.py) read the sam
 differences (qkv bias, q/k norm, head_dim) are written down once.
 """
 from dataclasses import dataclass
+from typing import ClassVar
 
 from distflow.models.tp_sharding import padded_vocab_size
 
@@ -21,6 +22,8 @@ class DenseFamilySpec:
     """q/k/v projections have biases (Qwen2) while every other linear layer has none."""
     qk_layernorm: bool = False
     """RMSNorm over each head's query and key before rotary embedding (Qwen3)."""
+    moe: ClassVar[bool] = False
+    """Mixture-of-experts MLPs (moe.MoEFamilySpec); the weight mapping branches on it."""
 
     def transformer_config_kwargs(self, hf_config, **parallel) -> dict:
         """Keyword arguments for megatron.core TransformerConfig. `parallel` (TP/PP sizes, dtypes,
@@ -69,10 +72,10 @@ class DenseFamilySpec:
             max_sequence_length=cfg["max_position_embeddings"],
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             rotary_base=rope_theta(cfg),
-            layer_spec=self.layer_spec(use_transformer_engine),
+            layer_spec=self.layer_spec(cfg, use_transformer_engine),
         )
 
-    def layer_spec(self, use_transformer_engine: bool = False):
+    def layer_spec(self, hf_config, use_transformer_engine: bool = False):
         """Megatron's local (pure PyTorch) layer spec on CPU, its Transformer Engine spec on GPU.
 
         The TE spec fuses the input/pre-MLP norms into linear_qkv/linear_fc1: see te_param_name().

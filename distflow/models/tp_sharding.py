@@ -10,7 +10,9 @@ and `unshard(...)` inverts it for gathering. The layouts follow Megatron's modul
   the SwiGLU splits the rank's local output in halves;
 - row-parallel (linear_proj, linear_fc2): columns split contiguously;
 - vocab-parallel (word embeddings, output layer): rows padded to padded_vocab_size, then split;
-- replicated: norms (RMSNorm weights, q/k layernorms).
+- replicated: norms (RMSNorm weights, q/k layernorms), the MoE router and the shared-expert gate.
+MoE experts (`mlp.experts.local_experts.{e}.linear_fc1/fc2`) follow the same rules over the expert
+tensor-parallel group (ETP) instead of TP; a shared expert is an ordinary TP MLP.
 """
 import torch
 
@@ -20,11 +22,18 @@ _LAYOUT_BY_SUFFIX = {
     "self_attention.linear_qkv.weight": COLUMN,
     "self_attention.linear_qkv.bias": COLUMN,
     "self_attention.linear_proj.weight": ROW,
-    "mlp.linear_fc1.weight": GATED_COLUMN,
-    "mlp.linear_fc2.weight": ROW,
+    "linear_fc1.weight": GATED_COLUMN,  # mlp., experts' and shared experts' alike
+    "linear_fc2.weight": ROW,
     "embedding.word_embeddings.weight": VOCAB,
     "output_layer.weight": VOCAB,
+    "mlp.router.weight": REPLICATED,
+    "mlp.shared_experts.gate_weight": REPLICATED,
 }
+
+
+def is_expert_param(megatron_name: str) -> bool:
+    """Routed-expert parameters: split over the expert tensor-parallel group, distributed over EP."""
+    return ".mlp.experts." in megatron_name
 
 
 def padded_vocab_size(vocab_size: int, tp_size: int, divisible_by: int = 128) -> int:

@@ -76,9 +76,9 @@ def test_pipeline_stages_cover_the_model_once(tiny_model_dirs, family):
 def test_registry_and_transformer_config(tiny_model_dirs):
     from megatron.core.transformer import TransformerConfig
 
-    assert set(SPECS) == {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
+    assert {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"} <= set(SPECS)
     with pytest.raises(AssertionError, match="supported"):
-        spec_for({"architectures": ["MixtralForCausalLM"]})
+        spec_for({"architectures": ["GPT2LMHeadModel"]})
     qwen3 = HFCheckpoint(tiny_model_dirs["qwen3"]).config
     config = TransformerConfig(**spec_for(qwen3).transformer_config_kwargs(qwen3, tensor_model_parallel_size=1))
     assert (config.kv_channels, config.num_query_groups, config.qk_layernorm) == (qwen3["head_dim"], 2, True)

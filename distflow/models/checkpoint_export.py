@@ -1,0 +1,243 @@
+"""Megatron distributed checkpoint -> HF safetensors, streaming one decoder layer at a time.
+
+The checkpoint stores every parameter as one global (TP=1) tensor per key, decoder layers stacked on a
+leading axis and routed experts on the next (`decoder.layers.mlp.experts.experts.linear_fc1.weight` is
+[layers, experts, 2 * ffn, hidden]). `DistCheckpointReader` reads one layer's slice of each key, so only
+that layer is in memory; the family's weight mapping turns it into HF tensors, which
+`ShardedSafetensorsWriter` buffers into safetensors files of at most max_shard_bytes. Peak memory is
+therefore about max_shard_bytes + twice the largest layer (loaded, then copied), whatever the model size.
+
+Megatron's torch_dist format is PyTorch Distributed Checkpoint (DCP) storage, so the slices are read with
+DCP's own resharding planner helpers, in one process without a process group. (Megatron's
+dist_checkpointing.load cannot read part of a tensor at world size 1: it places the shards it does not
+want on rank (rank + 1) % world_size, i.e. on itself.) tools/convert_megatron_to_hf.py is the CLI.
+"""
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadPlan
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+from distflow.models import expert_layout, weight_mapping
+from distflow.models.checkpoint_import import DTYPES, HF_ASSETS_DIR, read_source
+from distflow.models.conversion import HFCheckpoint, megatron_full_to_hf
+from distflow.models.registry import spec_for
+
+_EXPERTS_KEY = "mlp.experts.experts."  # SequentialMLP's global-expert prefix in sharded keys
+_LOCAL_EXPERT = "mlp.experts.local_experts."
+_MODEL_MODULES = ("embedding", "decoder", "output_layer")  # GPTModel's top-level modules
+
+
+class DistCheckpointReader:
+    """Reads parts of a Megatron dist checkpoint as full (TP=1) Megatron state_dict tensors."""
+
+    def __init__(self, megatron_dir, spec, hf_config: dict):
+        self.dir = str(megatron_dir)
+        self.spec, self.config = spec, hf_config
+        stored = dcp.FileSystemReader(self.dir).read_metadata().state_dict_metadata
+        self.metadata = {k: m for k, m in stored.items() if isinstance(m, TensorStorageMetadata)}
+        """Sharded-tensor key -> its global size, dtype and saved chunks."""
+        self.num_layers = hf_config["num_hidden_layers"]
+        self._used: set[str] = set()
+
+    def layer(self, layer: int) -> dict[str, torch.Tensor]:
+        """Local-spec names (`decoder.layers.{layer}.…`, experts numbered globally) -> full tensors."""
+        wanted = {}  # local suffix -> (checkpoint key, expert index or None)
+        for suffix, _, _ in weight_mapping.layer_rules(self.spec, self.config):
+            wanted[suffix] = self._key_of(suffix)
+        keys = {key for key, _ in wanted.values()}
+        loaded = self._load({key: (layer, self.num_layers) for key in keys})
+        return {f"decoder.layers.{layer}.{suffix}": loaded[key] if expert is None else loaded[key][expert]
+                for suffix, (key, expert) in wanted.items()}
+
+    def outside_layers(self, first: bool) -> dict[str, torch.Tensor]:
+        """The embedding (first=True), or the final norm and untied output layer (first=False)."""
+        rules = weight_mapping.param_rules(self.spec, self.config, num_layers=0, pre_process=first,
+                                           post_process=not first)
+        names = [r.megatron for r in rules if r.exported]
+        missing = [n for n in names if n not in self.metadata]
+        assert not missing, f"{self.dir}: checkpoint has no {missing}; keys: {sorted(self.metadata)}"
+        return self._load({n: None for n in names})
+
+    def unused_keys(self) -> list[str]:
+        """Model keys no layer or outside part has read (after reading everything: a mapping gap).
+        Keys outside GPTModel's modules (optimizer state, RNG) are not model weights and are ignored."""
+        ignorable = {"output_layer.weight"} if self.config.get("tie_word_embeddings") else set()
+        model_keys = {k for k in self.metadata if k.split(".", 1)[0] in _MODEL_MODULES}
+        return sorted(model_keys - self._used - ignorable)
+
+    def _key_of(self, local_suffix: str) -> tuple[str, int | None]:
+        if local_suffix.startswith(_LOCAL_EXPERT):
+            expert, rest = local_suffix[len(_LOCAL_EXPERT):].split(".", 1)
+            return f"decoder.layers.{_EXPERTS_KEY}{rest}", int(expert)
+        # The local spec saves its norms under Transformer Engine's fused names (sharded_state_dict_keys_map).
+        for candidate in (weight_mapping.te_param_name(local_suffix), local_suffix):
+            if f"decoder.layers.{candidate}" in self.metadata:
+                return f"decoder.layers.{candidate}", None
+        raise KeyError(f"{self.dir}: no checkpoint key for decoder layer parameter {local_suffix!r}")
+
+    def _load(self, requests: dict[str, tuple[int, int] | None]) -> dict[str, torch.Tensor]:
+        """key -> tensor, for requests key -> None (the whole tensor) or (layer, layer count): that layer's
+        slice of the leading axis."""
+        buffers, offsets = {}, {}
+        for key, part in requests.items():
+            size = self.metadata[key].size
+            assert part is None or size[0] == part[1], (
+                f"{key}: leading axis {size[0]} is not the {part[1]} decoder layers")
+            shape = size if part is None else (1, *size[1:])
+            buffers[key] = torch.empty(shape, dtype=self.metadata[key].properties.dtype)
+            offsets[key] = (0,) * len(size) if part is None else (part[0],) + (0,) * (len(size) - 1)
+        with warnings.catch_warnings():  # "torch.distributed is disabled ... load in a single process": intended
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(buffers, storage_reader=dcp.FileSystemReader(self.dir), planner=_SliceLoadPlanner(offsets),
+                     no_dist=True)
+        self._used.update(requests)
+        return {key: t if requests[key] is None else t[0] for key, t in buffers.items()}
+
+
+class _SliceLoadPlanner(DefaultLoadPlanner):
+    """Loads into each plain tensor the box of the saved tensor at offsets[key] with the tensor's size
+    (DCP's default planner loads plain tensors only whole)."""
+
+    def __init__(self, offsets: dict[str, tuple[int, ...]]):
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.offsets = offsets
+
+    def create_local_plan(self) -> LoadPlan:
+        items = []
+        for key, tensor in self.state_dict.items():
+            chunk = ChunkStorageMetadata(offsets=torch.Size(self.offsets[key]), sizes=tensor.size())
+            items += create_read_items_for_chunk_list(key, self.metadata.state_dict_metadata[key], [chunk])
+        return LoadPlan(items)
+
+    def lookup_tensor(self, index):
+        return self.state_dict[index.fqn]  # the read items' offsets are relative to this tensor
+
+
+def iter_hf_parts(reader: DistCheckpointReader, spec, hf_config: dict):
+    """Yields (what, HF name -> tensor): the embedding, each layer, then the final norm and output layer."""
+    vocab = hf_config["vocab_size"]
+
+    def unpad(state):  # the checkpoint's vocabulary is padded for TP
+        return {n: t[:vocab] if n in ("embedding.word_embeddings.weight", "output_layer.weight") else t
+                for n, t in state.items()}
+
+    yield "embedding", megatron_full_to_hf(spec, hf_config, unpad(reader.outside_layers(first=True)))
+    for layer in range(reader.num_layers):
+        yield f"layer {layer}", megatron_full_to_hf(spec, hf_config, reader.layer(layer))
+    yield "output", megatron_full_to_hf(spec, hf_config, unpad(reader.outside_layers(first=False)))
+
+
+class ShardedSafetensorsWriter:
+    """Writes HF tensors, in order, into model-0000X-of-0000Y.safetensors files of at most max_shard_bytes
+    (a single tensor larger than that gets a file to itself) and model.safetensors.index.json; a single
+    file is named model.safetensors, without an index, as transformers does."""
+
+    def __init__(self, out_dir: Path, max_shard_bytes: int):
+        self.out_dir, self.max_shard_bytes = Path(out_dir), max_shard_bytes
+        self._buffer: dict[str, torch.Tensor] = {}
+        self._buffer_bytes = 0
+        self._files: list[list[str]] = []
+        self.total_bytes = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        """Buffers `tensor` (the caller must not share its storage with another added tensor)."""
+        size = tensor.numel() * tensor.element_size()
+        if self._buffer and self._buffer_bytes + size > self.max_shard_bytes:
+            self._flush()
+        self._buffer[name] = tensor
+        self._buffer_bytes += size
+        self.total_bytes += size
+
+    def close(self) -> list[str]:
+        """Writes the last file, names the files and the index; returns the file names."""
+        if self._buffer:
+            self._flush()
+        count = len(self._files)
+        names = (["model.safetensors"] if count == 1
+                 else [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)])
+        weight_map = {}
+        for i, (tensor_names, final) in enumerate(zip(self._files, names)):
+            os.replace(self.out_dir / f".part-{i}.safetensors", self.out_dir / final)
+            weight_map.update({n: final for n in tensor_names})
+        if count > 1:
+            index = {"metadata": {"total_size": self.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+            (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        return names
+
+    def _flush(self) -> None:
+        from safetensors.torch import save_file
+
+        save_file(self._buffer, self.out_dir / f".part-{len(self._files)}.safetensors", metadata={"format": "pt"})
+        self._files.append(list(self._buffer))
+        self._buffer, self._buffer_bytes = {}, 0
+
+
+def export_to_hf(megatron_dir, out_dir, max_shard_bytes: int = 5 * 2**30, dtype: str | None = None,
+                 progress: bool = True) -> dict:
+    """Writes the HF model directory `out_dir` from a dist checkpoint made by checkpoint_import.
+
+    dtype: the safetensors dtype (default: the source checkpoint's). Returns a summary (files, bytes,
+    tensors). Runs in one process, without torch.distributed.
+    """
+    from tqdm import tqdm
+
+    source = read_source(megatron_dir)
+    hf_config, spec = source["hf_config"], spec_for(source["hf_config"])
+    target_dtype = DTYPES[dtype or source["dtype"]]
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(Path(megatron_dir) / HF_ASSETS_DIR, tmp)
+    reader = DistCheckpointReader(megatron_dir, spec, hf_config)
+    writer = ShardedSafetensorsWriter(tmp, max_shard_bytes)
+    count = 0
+    parts = iter_hf_parts(reader, spec, hf_config)
+    for what, hf in tqdm(parts, total=reader.num_layers + 2, desc="export", unit="part", disable=not progress):
+        if source["expert_layout"] == expert_layout.FUSED:
+            hf = expert_layout.fuse_layer(spec, hf)
+        for name, tensor in hf.items():
+            # A copy: gate/up halves and expert slices are views of one loaded tensor, and safetensors
+            # refuses tensors that share storage; the layer's loaded tensors are freed after this part.
+            writer.add(name, tensor.to(target_dtype, memory_format=torch.contiguous_format, copy=True))
+            count += 1
+    unused = reader.unused_keys()
+    assert not unused, f"{megatron_dir}: checkpoint keys the {spec.family} mapping does not export: {unused}"
+    files = writer.close()
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)  # a reader never sees a half-written model
+    return {"files": files, "bytes": writer.total_bytes, "tensors": count}
+
+
+def verify_export(megatron_dir, hf_dir, progress: bool = True) -> list[str]:
+    """Re-reads the written safetensors part by part and compares them with the checkpoint (after the
+    same dtype cast). Returns the differences (empty: every tensor equal, none missing or extra)."""
+    from tqdm import tqdm
+
+    source = read_source(megatron_dir)
+    hf_config, spec = source["hf_config"], spec_for(source["hf_config"])
+    written = HFCheckpoint(hf_dir)
+    written_names = set(written.names())
+    reader = DistCheckpointReader(megatron_dir, spec, hf_config)
+    problems, seen = [], set()
+    parts = iter_hf_parts(reader, spec, hf_config)
+    for what, hf in tqdm(parts, total=reader.num_layers + 2, desc="verify", unit="part", disable=not progress):
+        for name, tensor in hf.items():
+            seen.add(name)
+            if name not in written_names:
+                problems.append(f"{name}: not written")
+                continue
+            got = written.get(name)
+            if got.shape != tensor.shape or not torch.equal(got, tensor.to(got.dtype)):
+                problems.append(f"{name} ({what}): differs from the checkpoint")
+    problems += [f"{name}: written but not in the checkpoint" for name in sorted(written_names - seen)]
+    return problems

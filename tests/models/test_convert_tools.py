@@ -1,0 +1,172 @@
+"""tools/convert_hf_to_megatron.py and tools/convert_megatron_to_hf.py end to end, as a user runs them.
+
+HF -> Megatron dist checkpoint (TP2; TP2 x EP2; PP2 x VPP2; a fused-expert MoE file at TP1) -> HF is bit
+for bit the source; the TP2 checkpoints load at PP2 in a Megatron job with HF's logits; bad HF
+directories are rejected naming the fault; export memory stays near shard size + one layer.
+"""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from distflow.models.checkpoint_import import SOURCE_FILE
+from distflow.models.conversion import HFCheckpoint
+from distflow.models.hf_validation import InvalidHFCheckpoint, check_hf_checkpoint
+from distflow.models.tiny import make_tiny_model
+from distflow.testing.launch import REPO_ROOT, run, torchrun
+
+TO_MEGATRON = REPO_ROOT / "tools" / "convert_hf_to_megatron.py"
+TO_HF = REPO_ROOT / "tools" / "convert_megatron_to_hf.py"
+LOGITS_JOB = Path(__file__).parent / "jobs" / "parallel_vs_hf_logits.py"
+MEMORY_JOB = Path(__file__).parent / "jobs" / "export_peak_memory.py"
+MAX_ABS_DIFF = 1e-4
+
+# name: (family, make_tiny_model sizes, import layout arguments)
+CASES = {
+    # tied embedding, vocab 300 padded to 512 rows at TP2, one KV head split over TP2
+    "qwen2_tp2": ("qwen2", dict(vocab=300, kv_heads=1), ["--tp", "2"]),
+    # experts over EP2 but not split (ETP1) while attention is TP2: 2 processes
+    "qwen3_moe_tp2_ep2": ("qwen3_moe", {}, ["--tp", "2", "--ep", "2", "--etp", "1"]),
+    "llama_pp2_vpp2": ("llama", dict(layers=4), ["--pp", "2", "--vpp", "2"]),
+    "mixtral_fused_tp1": ("mixtral", {}, ["--tp", "1"]),  # re-saved in transformers' fused expert layout
+}
+
+
+def _make_source(name: str, root: Path) -> Path:
+    family, sizes, _ = CASES[name]
+    source = make_tiny_model(family, root / f"{name}_hf", **sizes)
+    if name.startswith("mixtral_fused"):
+        from transformers import AutoModelForCausalLM
+
+        fused = root / f"{name}_hf_fused"
+        AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).save_pretrained(
+            fused, save_original_format=False)
+        shutil.copy(source / "tokenizer.json", fused)
+        source = fused
+    return source
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> dict:
+    """name -> (HF source dir, dist checkpoint dir, exported HF dir, export output)."""
+    root = tmp_path_factory.mktemp("convert")
+    done = {}
+    for name, (_, _, layout) in CASES.items():
+        source = _make_source(name, root)
+        ckpt, back = root / f"{name}_megatron", root / f"{name}_back"
+        run([sys.executable, TO_MEGATRON, "--hf", source, "--out", ckpt, *layout], timeout_s=300)
+        out = run([sys.executable, TO_HF, "--megatron", ckpt, "--out", back, "--max-shard-size", "64KB",
+                   "--verify", "--no-progress"], timeout_s=300)
+        done[name] = (source, ckpt, back, out)
+    return done
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_round_trip_is_bit_identical(converted, name):
+    source, ckpt, back, out = converted[name]
+    assert "verify: every tensor equals the checkpoint's" in out
+    original, exported = HFCheckpoint(source), HFCheckpoint(back)
+    assert exported.names() == original.names()
+    for n in original.names():
+        a, b = original.get(n), exported.get(n)
+        assert a.dtype == b.dtype and torch.equal(a, b), n
+    assert exported.expert_layout == original.expert_layout
+    # sharded files with an index, as transformers writes them; the same stored names as the source
+    index = json.loads((back / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 1 and files[-1] == f"model-{len(files):05d}-of-{len(files):05d}.safetensors"
+    stored = {n for f in files for n in safe_open(back / f, "pt").keys()}
+    assert stored == set(index["weight_map"]) == set(_stored_names(source))
+    assert json.loads((back / "config.json").read_text()) == json.loads((source / "config.json").read_text())
+    assert (back / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+    recorded = json.loads((ckpt / SOURCE_FILE).read_text())
+    assert recorded["hf_config"] == original.config and recorded["expert_layout"] == original.expert_layout
+
+
+@pytest.mark.slow
+def test_tp2_checkpoints_load_at_pp2_with_hf_logits(converted, tmp_path):
+    names = ["qwen2_tp2", "qwen3_moe_tp2_ep2"]
+    out = tmp_path / "result.json"
+    torchrun(LOGITS_JOB, nproc=2, timeout_s=300,
+             args=["--pp", "2", "--out", out, "--load-megatron", *(converted[n][1] for n in names), "--",
+                   *(converted[n][0] for n in names)])
+    results = json.loads(out.read_text())
+    assert sorted(results) == sorted(converted[n][0].name for n in names)
+    for name, result in results.items():
+        assert result["roundtrip_exact"] and result["max_abs_diff"] <= MAX_ABS_DIFF, (name, result)
+
+
+def _stored_names(model_dir: Path) -> list[str]:
+    return sorted(n for f in model_dir.glob("*.safetensors") for n in safe_open(f, "pt").keys())
+
+
+@pytest.fixture
+def broken_copy(tiny_model_dirs, tmp_path):
+    """A function (family, edit) -> a copy of the tiny model whose tensors and config.json `edit` changed."""
+    def make(family: str, edit) -> Path:
+        copy = tmp_path / family
+        shutil.copytree(tiny_model_dirs[family], copy)
+        tensors = load_file(copy / "model.safetensors")
+        config = json.loads((copy / "config.json").read_text())
+        edit(tensors, config)
+        save_file(tensors, copy / "model.safetensors")
+        (copy / "config.json").write_text(json.dumps(config))
+        return copy
+    return make
+
+
+BAD_INPUTS = {  # name: (family, edit, words the error must contain)
+    "shape": ("llama", lambda t, c: t.update({"model.layers.1.self_attn.k_proj.weight": torch.zeros(64, 64)}),
+              ["model.layers.1.self_attn.k_proj.weight is (64, 64), expected (32, 64)"]),
+    "missing": ("qwen2_moe", lambda t, c: t.pop("model.layers.0.mlp.experts.3.up_proj.weight"),
+                ["missing tensors", "model.layers.0.mlp.experts.3.up_proj.weight"]),
+    "extra": ("mixtral", lambda t, c: t.update({"model.layers.0.block_sparse_moe.experts.4.w1.weight":
+                                                torch.zeros(128, 64)}),
+              ["does not explain", "model.layers.0.block_sparse_moe.experts.4.w1.weight"]),
+    "config_field": ("qwen3_moe", lambda t, c: c.update(num_hidden_layers=3),
+                     ["missing tensors (21)", "model.layers.2.input_layernorm.weight"]),
+    "architecture": ("llama", lambda t, c: c.update(architectures=["GPT2LMHeadModel"]),
+                     ["'GPT2LMHeadModel' has no model family spec", "MixtralForCausalLM (mixtral)",
+                      "Qwen3MoeForCausalLM (qwen3_moe)", "LlamaForCausalLM (llama)"]),
+    "unmapped_feature": ("qwen2_moe", lambda t, c: c.update(mlp_only_layers=[1]), ["mlp_only_layers=[1]"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_hf_input_is_rejected_naming_the_fault(broken_copy, case):
+    family, edit, words = BAD_INPUTS[case]
+    with pytest.raises(InvalidHFCheckpoint) as error:
+        check_hf_checkpoint(HFCheckpoint(broken_copy(family, edit)))
+    for word in words:
+        assert word in str(error.value), str(error.value)
+
+
+def test_tool_exits_with_the_error_before_starting_ranks(broken_copy, tmp_path):
+    family, edit, words = BAD_INPUTS["shape"]
+    proc = subprocess.run([sys.executable, TO_MEGATRON, "--hf", broken_copy(family, edit), "--out",
+                           tmp_path / "ckpt", "--tp", "2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and words[0] in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.slow
+def test_export_memory_stays_near_shard_plus_layer(tmp_path):
+    """24 layers of 3.75 MiB (91 MiB fp32): exporting with 4 MiB files adds a few layers' worth of memory,
+    not the model (measured: +23 MiB; +108 MiB when one 1 GiB file buffers the whole model)."""
+    source = make_tiny_model("llama", tmp_path / "hf", layers=24, hidden=256, heads=4, kv_heads=2, ffn=1024)
+    run([sys.executable, TO_MEGATRON, "--hf", source, "--out", tmp_path / "ckpt"], timeout_s=300)
+    result = tmp_path / "memory.json"
+    run([sys.executable, MEMORY_JOB, tmp_path / "ckpt", tmp_path / "back", str(4 * 2**20), result], timeout_s=300)
+    memory = json.loads(result.read_text())
+    model_bytes = sum(HFCheckpoint(source).get(n).nbytes for n in HFCheckpoint(source).names())
+    print(f"export peak: +{memory['added_peak'] / 2**20:.1f} MiB over {memory['baseline_rss'] / 2**20:.0f} MiB "
+          f"for a {model_bytes / 2**20:.1f} MiB model")
+    assert memory["written_bytes"] == model_bytes
+    assert memory["added_peak"] < model_bytes / 2, memory

@@ -1,0 +1,50 @@
+"""Converts a Megatron distributed checkpoint (from tools/convert_hf_to_megatron.py) back to Hugging Face.
+
+Example: python tools/convert_megatron_to_hf.py --megatron /ckpt/qwen3-moe --out /models/qwen3-moe-hf --verify
+
+Streams one decoder layer at a time from the checkpoint (any layout it was saved from) into sharded
+safetensors (model-0000X-of-0000Y.safetensors + model.safetensors.index.json), so memory stays near
+--max-shard-size plus the largest layer. config.json, tokenizer and generation config come from the copy
+recorded at import. --verify re-reads what was written and compares every tensor with the checkpoint.
+"""
+import argparse
+import sys
+
+
+def parse_size(text: str) -> int:
+    """'5GB', '500MB', '64KB' or a byte count."""
+    units = {"KB": 2**10, "MB": 2**20, "GB": 2**30}
+    for unit, factor in units.items():
+        if text.upper().endswith(unit):
+            return int(float(text[:-2]) * factor)
+    return int(text)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--megatron", required=True, help="dist checkpoint directory")
+    parser.add_argument("--out", required=True, help="HF model directory to write (replaced if present)")
+    parser.add_argument("--max-shard-size", type=parse_size, default="5GB",
+                        help="largest safetensors file, e.g. 5GB, 500MB (bounds memory too)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="tensor dtype to write (default: the source HF checkpoint's)")
+    parser.add_argument("--verify", action="store_true", help="compare the written files with the checkpoint")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    from distflow.models.checkpoint_export import export_to_hf, verify_export
+
+    summary = export_to_hf(args.megatron, args.out, args.max_shard_size, args.dtype,
+                           progress=not args.no_progress)
+    print(f"wrote {args.out}: {summary['tensors']} tensors, {summary['bytes'] / 2**20:.1f} MiB "
+          f"in {len(summary['files'])} file(s)")
+    if args.verify:
+        problems = verify_export(args.megatron, args.out, progress=not args.no_progress)
+        if problems:
+            print("verify FAILED:\n  " + "\n  ".join(problems[:50]), file=sys.stderr)
+            sys.exit(1)
+        print("verify: every tensor equals the checkpoint's")
+
+
+if __name__ == "__main__":
+    main()
