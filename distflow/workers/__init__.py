@@ -1,0 +1,1 @@
+"""Workers: the processes' roles in a step (Megatron training/forward, SGLang rollout, reward)."""

@@ -1,0 +1,1 @@
+"""Megatron-Core workers: model construction for a role's layout, training and forward passes."""

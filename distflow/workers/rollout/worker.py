@@ -1,0 +1,108 @@
+"""RolloutWorker: this rank's share of rollout: the SGLang engine it owns (if any), and the step's samples.
+
+Colocated placement: an engine spans engine_tp consecutive ranks and its first rank owns the
+sglang.Engine object; only owners generate. Samples leave as a PackedBatch (token runs, no padding) with
+globally unique sample ids and prompt-group ids, so the data coordinator can move them by plan.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from distflow.coordination.data import PackedBatch
+
+ID_STRIDE = 1_000_000  # sample id = engine * ID_STRIDE + local index: unique over the job without talking
+
+
+@dataclass
+class SampleInfo:
+    """What scoring needs about a sample and does not travel with the token tensors."""
+    prompt_len: int
+    response_ids: list[int]
+    finish_reason: str
+    data_source: str
+    ground_truth: object
+    extra_info: dict
+
+
+def placement_device(cfg) -> str:
+    from distflow.distributed import resolve_device
+
+    return resolve_device(cfg.trainer.device)
+
+
+class RolloutWorker:
+    def __init__(self, cfg, placement, rank: int, model_path: str):
+        self.cfg, self.rank = cfg, rank
+        self.engine_index = placement.engine_of(rank)
+        self.owner = placement.owns_engine(rank)
+        self.engine = None
+        self.weight_version = 0
+        self.released = False  # colocated: engine memory handed to training between generations
+        # Releasing memory frees GPU memory for training; on CPU SGLang has nothing to release (its calls
+        # are no-ops there) and asserts if a finishing request is still in flight, so it is skipped.
+        self.release_between_steps = cfg.rollout.release_memory_in_training and placement_device(cfg) == "cuda"
+        self.infos: dict[int, SampleInfo] = {}
+        if self.owner:
+            from distflow.workers.rollout import sglang_engine
+
+            self.engine = sglang_engine.start_engine(
+                model_path, tp=placement.engine_tp, dtype=cfg.model.dtype, seed=cfg.trainer.seed + self.engine_index,
+                mem_fraction_static=cfg.rollout.mem_fraction_static, extra_args=cfg.rollout.sglang)
+
+    def generate(self, prompts, eos_token_id: int, greedy: bool = False, n: int | None = None) -> PackedBatch | None:
+        """Samples rollout.n responses per prompt on this rank's engine; None on ranks without an engine."""
+        if not self.owner:
+            return None
+        from distflow.workers.rollout import sglang_engine
+
+        r = self.cfg.rollout
+        n = n or (1 if greedy else r.n)
+        if self.released:  # SGLang refuses to resume what it never released
+            sglang_engine.resume_memory(self.engine)
+            self.released = False
+        outs = sglang_engine.generate(
+            self.engine, [p.input_ids for p in prompts], n=n, temperature=0.0 if greedy else r.temperature,
+            top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
+            stop_token_ids=sorted({eos_token_id, *r.stop_token_ids}))
+        if self.release_between_steps:
+            sglang_engine.release_memory(self.engine)
+            self.released = True
+        base = self.engine_index * ID_STRIDE
+        ids, groups, tokens, masks, logprobs = [], [], [], [], []
+        self.infos = {}
+        for i, s in enumerate(outs):
+            prompt = prompts[s.prompt_index]
+            sample_id = base + i
+            seq = list(prompt.input_ids) + list(s.response_ids)
+            ids.append(sample_id)
+            groups.append(base + s.prompt_index)
+            tokens.append(torch.tensor(seq, dtype=torch.long))
+            # Token-position alignment (as the Megatron worker's): entry t belongs to token t.
+            mask = torch.zeros(len(seq), dtype=torch.float32)
+            mask[len(prompt.input_ids):] = 1.0
+            masks.append(mask)
+            lp = torch.zeros(len(seq), dtype=torch.float32)
+            lp[len(prompt.input_ids):] = torch.tensor(s.logprobs, dtype=torch.float32)
+            logprobs.append(lp)
+            self.infos[sample_id] = SampleInfo(len(prompt.input_ids), list(s.response_ids), s.finish_reason,
+                                               prompt.data_source, prompt.ground_truth, prompt.extra_info)
+        return PackedBatch.from_samples(ids, groups, {"input_ids": tokens, "response_mask": masks,
+                                                      "rollout_logprobs": logprobs})
+
+    def load_weights(self, named_tensors) -> None:
+        """Full HF-named tensors into the engine through SGLang's own loader (the fallback sync path)."""
+        from distflow.workers.rollout import sglang_engine
+
+        if self.owner:
+            if self.released:  # weights can only be written into resident memory
+                sglang_engine.resume_memory(self.engine)
+                self.released = False
+            sglang_engine.update_weights_from_tensors(self.engine, named_tensors)
+        self.weight_version += 1
+
+    def close(self) -> None:
+        if self.engine is not None:
+            from distflow.workers.rollout import sglang_engine
+
+            sglang_engine.shutdown_engine(self.engine)
+            self.engine = None

@@ -1,0 +1,155 @@
+"""The SGLang rollout engine wrapper against the real engine on a tiny Qwen2 (CPU here, GPU alike).
+
+One engine serves the whole module (each start costs 10-25 s); tests that need another engine (same seed,
+TP=2, inside torchrun, a failing start) start it beside this one, which also checks that stopping one
+engine leaves the other running.
+"""
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from distflow.testing.launch import torchrun
+from distflow.workers.rollout import (
+    EngineStartError,
+    generate,
+    release_memory,
+    resume_memory,
+    shutdown_engine,
+    start_engine,
+    update_weights_from_disk,
+    update_weights_from_tensors,
+)
+
+pytestmark = pytest.mark.slow
+
+JOB = Path(__file__).parent / "jobs" / "engine_in_torchrun.py"
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12]]
+# seed sets SGLang's per-sample sampling_seed, which only deterministic-inference engines (GPU) honour.
+SAMPLING = dict(n=4, temperature=1.0, max_new_tokens=12, seed=7)
+GREEDY_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def started(tiny_qwen2):
+    """The module's engine, the environment around its start, and the samples of its first call."""
+    env_before = dict(os.environ)
+    engine = start_engine(tiny_qwen2, seed=0)
+    env_after = dict(os.environ)
+    first_samples = generate(engine, PROMPTS, **SAMPLING)
+    yield dict(engine=engine, env_before=env_before, env_after=env_after, first_samples=first_samples)
+    shutdown_engine(engine)
+
+
+def greedy(engine, prompts=PROMPTS):
+    """Greedy samples from an empty prefix cache, so that every call computes the prompts the same way."""
+    engine.flush_cache()
+    return generate(engine, prompts, temperature=0.0, max_new_tokens=GREEDY_TOKENS)
+
+
+def test_start_leaves_the_environment_as_it_was(started):
+    assert started["env_after"] == started["env_before"]
+
+
+def test_samples_carry_rollout_logprobs(started):
+    samples = started["first_samples"]
+    assert [s.prompt_index for s in samples] == [0, 0, 0, 0, 1, 1, 1, 1]
+    for s in samples:
+        assert 1 <= len(s.response_ids) == len(s.logprobs) <= SAMPLING["max_new_tokens"]
+        assert s.finish_reason in ("stop", "length")
+        assert s.finish_reason == "stop" or len(s.response_ids) == SAMPLING["max_new_tokens"]
+        assert all(math.isfinite(lp) and lp <= 0.0 for lp in s.logprobs)
+    assert len({tuple(s.response_ids) for s in samples[:4]}) > 1, "the n samples of a prompt should differ"
+
+
+def test_same_seed_gives_the_same_samples(started, tiny_qwen2):
+    twin = start_engine(tiny_qwen2, seed=0)
+    try:
+        again = generate(twin, PROMPTS, **SAMPLING)
+    finally:
+        shutdown_engine(twin)
+    assert again == started["first_samples"]  # token ids and log-probs, exactly
+    assert greedy(started["engine"])  # stopping the twin left the module's engine running
+
+
+def test_stop_token_ends_the_response(started):
+    (reference,) = greedy(started["engine"], PROMPTS[:1])
+    stop = reference.response_ids[2]
+    cut = reference.response_ids.index(stop)
+    (stopped,) = generate(started["engine"], PROMPTS[:1], temperature=0.0, max_new_tokens=GREEDY_TOKENS,
+                          stop_token_ids=[stop])
+    assert stopped.finish_reason == "stop"
+    assert stopped.response_ids == reference.response_ids[:cut + 1]
+
+
+def test_weight_updates_change_and_restore_the_output(started, tiny_qwen2):
+    engine = started["engine"]
+    before = greedy(engine)
+    original = load_file(tiny_qwen2 / "model.safetensors")
+    generator = torch.Generator().manual_seed(1)
+    perturbed = [(name, w + 0.5 * torch.randn(w.shape, generator=generator)) for name, w in original.items()]
+
+    update_weights_from_tensors(engine, perturbed)
+    changed = greedy(engine)
+    assert [s.response_ids for s in changed] != [s.response_ids for s in before]
+
+    update_weights_from_disk(engine, tiny_qwen2)
+    assert greedy(engine) == before  # token ids and log-probs, exactly
+
+
+def test_release_and_resume_memory(started):
+    release_memory(started["engine"])
+    resume_memory(started["engine"])
+    assert greedy(started["engine"])
+
+
+def test_tp2_matches_tp1(started, tiny_qwen2):
+    tp1 = greedy(started["engine"])
+    engine = start_engine(tiny_qwen2, tp=2, seed=0)
+    try:
+        tp2 = greedy(engine)
+    finally:
+        shutdown_engine(engine)
+    assert [s.response_ids for s in tp2] == [s.response_ids for s in tp1]
+    diff = max(abs(a - b) for s1, s2 in zip(tp1, tp2) for a, b in zip(s1.logprobs, s2.logprobs))
+    print(f"max |logprob tp2 - tp1| = {diff:.3g}")
+    assert diff < 1e-4
+
+
+def test_engine_starts_inside_a_torchrun_rank(started, tiny_qwen2):
+    out = torchrun(JOB, nproc=2, args=[tiny_qwen2, json.dumps(PROMPTS[0]), GREEDY_TOKENS], timeout_s=240)
+    assert sorted(line for line in out.splitlines() if line.startswith("RANK-DONE")) == [
+        "RANK-DONE 0", "RANK-DONE 1"], out
+    (line,) = [line for line in out.splitlines() if line.startswith("ENGINE-OK ")]
+    result = json.loads(line.removeprefix("ENGINE-OK "))
+    (reference,) = greedy(started["engine"], PROMPTS[:1])
+    assert result["tokens"] == reference.response_ids
+    assert result["logprobs"] == pytest.approx(reference.logprobs, abs=1e-5)
+
+
+def test_unknown_extra_arg_names_the_closest_field():
+    with pytest.raises(ValueError, match=r"'disable_radix_cahce'.*did you mean 'disable_radix_cache'"):
+        start_engine("/unused", extra_args={"disable_radix_cahce": True})
+    with pytest.raises(ValueError, match="start_engine's argument 'tp'"):
+        start_engine("/unused", extra_args={"tp_size": 2})
+
+
+def test_missing_model_directory_is_a_clear_error(tmp_path):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(EngineStartError, match=f"{missing}.*no such directory"):
+        start_engine(missing)
+
+
+def test_scheduler_death_raises_instead_of_killing_the_caller(started, tiny_qwen2, tmp_path):
+    """SGLang's scheduler dies loading a corrupt checkpoint and SIGQUITs its parent, which survives."""
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_qwen2, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(EngineStartError, match=f"{broken}.*scheduler died"):
+        start_engine(broken, startup_timeout_s=600)
+    assert greedy(started["engine"])
