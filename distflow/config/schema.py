@@ -170,6 +170,8 @@ class TrainerConfig:
     total_steps: int = option(100, "RL steps to run.")
     seed: int = option(1, "Global seed (model init, sampling).")
     val_every: int = option(0, "Validate every k steps; 0 disables.")
+    sft_warmup_steps: int = option(0, "Supervised steps on the training answers before RL (for models that start "
+                                      "from random weights, e.g. the CPU toy task); 0 disables.")
     output_dir: str = option("outputs/run", "Where metrics, checkpoints and the exported model go.")
     device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: cuda when available, else cpu (gloo).")
     dist_timeout_s: int = option(600, "Timeout of every collective and process-group set-up, in seconds.")

@@ -7,6 +7,12 @@ from distflow.config.schema import DistFlowConfig
 from distflow.dag.graph import Pipeline
 
 N = "distflow.nodes"
+# What moves between the rollout and training layouts. Every pipeline stage gets every field: the Megatron
+# worker cuts micro-batches from whole rows on each rank of a replica (the last stage reads the tokens
+# as labels, the first embeds them).
+_SAMPLES = {"input_ids": "all", "response_mask": "all", "rollout_logprobs": "all"}
+FIELDS = {"samples": _SAMPLES, "kept_samples": _SAMPLES, "rewards": {"rewards": "all"},
+          "kept_rewards": {"rewards": "all"}, "advantages": {"advantages": "all"}}
 
 
 def _head(p: Pipeline, cfg: DistFlowConfig) -> Pipeline:
@@ -38,7 +44,7 @@ def _tail(p: Pipeline, cfg: DistFlowConfig, src: str) -> Pipeline:
 
 
 def grpo(cfg: DistFlowConfig, name: str = "grpo") -> Pipeline:
-    p = _head(Pipeline(name), cfg)
+    p = _head(Pipeline(name, fields=FIELDS), cfg)
     _logprobs(p, cfg, "samples")
     p.add("advantage", "all", f"{N}.advantage:compute", ["samples", "rewards"], ["advantages"], keep_groups=True,
           doc=f"group-normalised advantages ({cfg.algorithm.adv_estimator})")
@@ -46,7 +52,7 @@ def grpo(cfg: DistFlowConfig, name: str = "grpo") -> Pipeline:
 
 
 def ppo(cfg: DistFlowConfig) -> Pipeline:
-    p = _head(Pipeline("ppo"), cfg)
+    p = _head(Pipeline("ppo", fields=FIELDS), cfg)
     _logprobs(p, cfg, "samples")
     p.add("values", "critic", f"{N}.logprob:critic_values", ["samples"], ["values"], doc="critic forward")
     p.add("advantage", "all", f"{N}.advantage:compute", ["samples", "rewards", "values"], ["advantages", "returns"],
@@ -57,7 +63,7 @@ def ppo(cfg: DistFlowConfig) -> Pipeline:
 
 
 def dapo(cfg: DistFlowConfig) -> Pipeline:
-    p = _head(Pipeline("dapo"), cfg)
+    p = _head(Pipeline("dapo", fields=FIELDS), cfg)
     p.add("dynamic_sampling", "all", f"{N}.filters:dynamic_sampling", ["samples", "rewards"],
           ["kept_samples", "kept_rewards"], keep_groups=True,
           doc="drop groups whose rewards are all equal; generate again until the batch is full (collective)")

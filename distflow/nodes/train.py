@@ -1,0 +1,21 @@
+"""train_actor: one policy update over the moved batch (mini-batches and micro-batches inside the worker)."""
+from distflow.algorithms.policy_loss import policy_loss
+from distflow.nodes.context import to_padded
+
+
+def train_actor(ctx, inputs):
+    batch = to_padded(inputs["samples"])
+    adv_rows = inputs["advantages"].sorted_by_id().fields["advantages"]
+    batch["advantages"] = adv_rows[:, None] * batch["response_mask"]
+    batch["old_logprobs"] = inputs["old_logprobs"]
+    if "ref_logprobs" in inputs:
+        batch["ref_logprobs"] = inputs["ref_logprobs"]
+    algo = ctx.cfg.algorithm
+
+    def loss_fn(logprobs, entropy, mb):
+        return policy_loss(logprobs, mb["old_logprobs"], mb["advantages"], mb["response_mask"], algo,
+                           entropy=entropy, ref_logprob=mb.get("ref_logprobs"))
+
+    metrics = ctx.actor.train_step(batch, loss_fn)
+    ctx.record(**{f"actor/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+    return {"actor_metrics": metrics}

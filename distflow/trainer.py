@@ -1,0 +1,141 @@
+"""The RL trainer every rank runs: build the workers, then walk the DAG once per step.
+
+No rank drives the others: each builds its own share (its Megatron shard, the engine it owns, its data
+partition), runs the same DAG with its own controller, and the only cross-rank traffic is data moving
+between layouts, the weight sync and one small all-gather of metrics per step for logging.
+"""
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+
+def run(ctx) -> None:
+    from transformers import AutoTokenizer
+
+    from distflow.coordination.data import DataCoordinator
+    from distflow.dag.controller import RankController
+    from distflow.dag.data_mover import CoordinatorMover
+    from distflow.dag.failure import FailureSignal
+    from distflow.dag.loading import load_pipeline
+    from distflow.dag.roles import ranks_of_role
+    from distflow.data.loader import PromptLoader
+    from distflow.data.prompts import PromptDataset
+    from distflow.nodes.context import NodeContext
+    from distflow.rewards.pool import RewardPool
+    from distflow.tracking.tracker import Tracker
+    from distflow.workers.megatron.worker import MegatronWorker
+    from distflow.workers.rollout.worker import RolloutWorker
+
+    cfg, cluster, placement = ctx.cfg, ctx.cluster, ctx.cluster.placement
+    out_dir = Path(cfg.trainer.output_dir)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
+    n = cfg.rollout.n
+    mini = cfg.actor.mini_batch_size or cfg.data.train_batch_size
+    updates_per_step = cfg.actor.ppo_epochs * (cfg.data.train_batch_size // mini)
+    actor_cfg = _with_mini_batch(cfg.actor, mini)
+    node_ctx = NodeContext(cfg, cluster, ctx.rank, tokenizer)
+    node_ctx.actor = MegatronWorker("actor", actor_cfg, cfg.model, cluster.actor, ctx.device, samples_per_prompt=n,
+                                    total_optimizer_steps=cfg.trainer.total_steps * updates_per_step,
+                                    seed=cfg.trainer.seed)
+    if cluster.ref is not None:
+        node_ctx.ref = MegatronWorker("ref", cfg.ref, cfg.model, cluster.ref, ctx.device)
+    node_ctx.rollout = RolloutWorker(cfg, placement, ctx.rank, cfg.model.path)
+    train_set = PromptDataset.from_config(cfg.data, tokenizer, "train")
+    val_set = PromptDataset.from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None
+    loader = None
+    if node_ctx.rollout.owner:
+        node_ctx.reward_pool = RewardPool.from_config(cfg.reward)
+        loader = PromptLoader.from_config(cfg.data, train_set, node_ctx.rollout.engine_index, placement.num_engines)
+    tracker = Tracker(cfg.tracking, out_dir, rank=ctx.rank, config=_as_dict(cfg))
+    pipeline = load_pipeline(cfg)
+    coordinator = DataCoordinator(timeout_s=cfg.trainer.dist_timeout_s)
+    failure = FailureSignal.from_default_group().start()
+    controller = RankController(pipeline, node_ctx, ctx.rank, ranks_of_role(cluster),
+                                mover=CoordinatorMover(pipeline, cluster, coordinator), failure=failure)
+    ctx.log(f"pipeline {pipeline.name}: {' -> '.join(n.id for n in controller.order)}; "
+            f"{len(train_set)} training prompts, {cfg.data.train_batch_size} x {n} samples per step")
+
+    if cfg.trainer.sft_warmup_steps:
+        from distflow.nodes.sync import sync_weights
+        from distflow.nodes.warmup import sft_warmup
+
+        losses = sft_warmup(node_ctx, train_set, cfg.trainer.sft_warmup_steps, cfg.data.train_batch_size,
+                            cfg.trainer.seed)
+        sync_weights(node_ctx, {})
+        ctx.log(f"supervised warm-up: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+
+    for step in range(1, cfg.trainer.total_steps + 1):
+        start = time.perf_counter()
+        node_ctx.metrics = {}
+        result = controller.run_step({"prompts": next(loader) if loader else None})
+        metrics = {f"timing_s/{k}": v for k, v in result.timing_s.items()}
+        metrics.update(_mean_over_ranks(node_ctx.metrics))
+        step_s = time.perf_counter() - start
+        metrics["perf/time_per_step"] = step_s
+        metrics["perf/throughput"] = metrics.get("rollout/tokens", 0.0) * placement.num_engines / step_s / \
+            placement.world_size
+        if val_set is not None and cfg.trainer.val_every and (step % cfg.trainer.val_every == 0 or step == 1):
+            metrics.update(_validate(node_ctx, val_set, cfg, placement))
+        tracker.log(metrics, step)
+    tracker.close()
+    failure.stop()
+    state = node_ctx.actor.export_hf_state()
+    if ctx.rank == 0 and cfg.checkpoint.export_hf:
+        from distflow.workers.megatron.hf_io import save_hf_checkpoint
+
+        save_hf_checkpoint(state, cfg.model.path, out_dir / "hf")
+        ctx.log(f"final actor exported to {out_dir / 'hf'}")
+    node_ctx.rollout.close()
+    if node_ctx.reward_pool is not None:
+        node_ctx.reward_pool.close()
+    coordinator.close()
+
+
+def _validate(node_ctx, val_set, cfg, placement) -> dict:
+    """Greedy answers to the held-out prompts on every engine; the mean reward over all of them."""
+    from distflow.data.loader import val_batches
+    from distflow.nodes.reward import score
+
+    total = [0.0, 0.0, 0.0]  # reward sum, samples, perfect answers
+    if node_ctx.rollout.owner:
+        for prompts in val_batches(val_set, cfg.data.val_batch_size, node_ctx.rollout.engine_index,
+                                   placement.num_engines):
+            if not prompts:
+                continue
+            samples = node_ctx.rollout.generate(prompts, node_ctx.tokenizer.eos_token_id, greedy=True)
+            saved = dict(node_ctx.metrics)
+            rewards = score(node_ctx, {"samples": samples})["rewards"].fields["rewards"]
+            node_ctx.metrics = saved
+            total[0] += float(rewards.sum())
+            total[1] += len(rewards)
+            total[2] += float((rewards >= 1.0).sum())
+    import torch
+
+    sums = torch.tensor(total, dtype=torch.float64)
+    dist.all_reduce(sums)
+    count = sums[1].clamp(min=1)
+    return {"val/reward_mean": (sums[0] / count).item(), "val/accuracy": (sums[2] / count).item()}
+
+
+def _mean_over_ranks(metrics: dict) -> dict:
+    """Each metric averaged over the ranks that recorded it (one small all-gather per step)."""
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, metrics)
+    merged: dict[str, list[float]] = {}
+    for m in gathered:
+        for k, v in m.items():
+            merged.setdefault(k, []).append(v)
+    return {k: sum(v) / len(v) for k, v in merged.items()}
+
+
+def _with_mini_batch(actor_cfg, mini: int):
+    import dataclasses
+
+    return dataclasses.replace(actor_cfg, mini_batch_size=mini)
+
+
+def _as_dict(cfg) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(cfg)
