@@ -10,5 +10,5 @@ JOB = Path(__file__).parent / "jobs" / "check_megatron_groups.py"
 
 @pytest.mark.slow
 def test_tp2_pp2_groups_match_layout():
-    out = torchrun(JOB, nproc=4, args=["--tp", "2", "--pp", "2"], timeout_s=240)
+    out = torchrun(JOB, nproc=4, args=["--tp", "2", "--pp", "2"], timeout_s=600)
     assert sum(line.startswith("GROUPS-OK") for line in out.splitlines()) == 4, out

@@ -122,7 +122,7 @@ def test_tp2_matches_tp1(started, tiny_qwen2):
 
 
 def test_engine_starts_inside_a_torchrun_rank(started, tiny_qwen2):
-    out = torchrun(JOB, nproc=2, args=[tiny_qwen2, json.dumps(PROMPTS[0]), GREEDY_TOKENS], timeout_s=240)
+    out = torchrun(JOB, nproc=2, args=[tiny_qwen2, json.dumps(PROMPTS[0]), GREEDY_TOKENS], timeout_s=600)
     assert sorted(line for line in out.splitlines() if line.startswith("RANK-DONE")) == [
         "RANK-DONE 0", "RANK-DONE 1"], out
     (line,) = [line for line in out.splitlines() if line.startswith("ENGINE-OK ")]

@@ -18,11 +18,11 @@ import atexit
 import contextlib
 import dataclasses
 import difflib
-import gc
 import logging
 import os
 import threading
 import time
+import types
 from pathlib import Path
 
 from distflow.cpu_support import apply_environ, cuda_available, sglang_cpu_launch
@@ -86,7 +86,7 @@ def start_engine(model_path, tp: int = 1, dtype: str = "float32", seed: int = 0,
             try:
                 engine = sglang.Engine(**args)
             except Exception as exc:
-                guard.clean_up_failed_start()
+                guard.clean_up_failed_start(exc)
                 raise EngineStartError(guard.describe_failure(exc)) from exc
         if guard.timed_out:  # the deadline passed just as the start finished
             shutdown_engine(engine)
@@ -196,10 +196,31 @@ def shutdown_engine(engine, timeout_s: float = 30) -> None:
     _close_zmq_contexts(engine, engine.tokenizer_manager)
 
 
-def _live_zmq_contexts() -> list:
+def _zmq_contexts_in_traceback(tb) -> list:
+    """The open ZeroMQ contexts that a traceback's frames hold in locals, directly or one attribute deep."""
     import zmq
 
-    return [obj for obj in gc.get_objects() if isinstance(obj, zmq.Context) and not obj.closed]
+    found = {}
+
+    def consider(value):
+        # type(), not isinstance: isinstance reads __class__, which lazy proxies may answer with side effects.
+        if issubclass(type(value), zmq.Socket):
+            value = value.context
+        if issubclass(type(value), zmq.Context) and not value.closed:
+            found[id(value)] = value
+
+    while tb is not None:
+        for value in tb.tb_frame.f_locals.values():
+            consider(value)
+            if not issubclass(type(value), (type, types.ModuleType)):
+                try:  # the instance's own attributes, without running any __getattr__
+                    attributes = object.__getattribute__(value, "__dict__")
+                except (AttributeError, TypeError):
+                    continue
+                for attribute in list(attributes.values()):
+                    consider(attribute)
+        tb = tb.tb_next
+    return list(found.values())
 
 
 def _close_zmq_contexts(*owners) -> None:
@@ -252,7 +273,6 @@ class _StartupGuard:
         self.timed_out = False
         self._me = psutil.Process()
         self._children_before = {p.pid for p in self._me.children(recursive=True)}
-        self._zmq_contexts_before = {id(c) for c in _live_zmq_contexts()}
         self._done = threading.Event()
 
     def __enter__(self):
@@ -280,13 +300,13 @@ class _StartupGuard:
         new = [p for p in self._me.children(recursive=True) if p.pid not in self._children_before]
         _kill([p for p in new if not _is_multiprocessing_helper(p)], timeout_s=30)
 
-    def clean_up_failed_start(self):
-        """Ends what a failed start leaves behind: its processes, and its ZeroMQ contexts, whose
-        destruction at garbage collection would otherwise wait forever on the dead peers."""
+    def clean_up_failed_start(self, exc: Exception):
+        """Ends what a failed start leaves behind: its processes, and the ZeroMQ contexts its frames hold
+        (the half-built tokenizer manager's), whose destruction at garbage collection would otherwise wait
+        forever on the dead peers."""
         self.kill_new_children()
-        for context in _live_zmq_contexts():
-            if id(context) not in self._zmq_contexts_before:
-                context.destroy(linger=0)
+        for context in _zmq_contexts_in_traceback(exc.__traceback__):
+            context.destroy(linger=0)
 
     def describe_failure(self, exc: Exception) -> str:
         what = (f"did not become ready within {self.timeout_s:.0f} s (startup_timeout_s)" if self.timed_out

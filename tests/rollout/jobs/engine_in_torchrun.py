@@ -15,9 +15,10 @@ from distflow.workers.rollout import generate, shutdown_engine, start_engine
 
 def main():
     model_dir, prompt, max_new_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    # Rank 1 waits at the barrier while rank 0 starts the engine (15 s idle, minutes on a loaded machine).
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
     rank = dist.get_rank()
-    engine = start_engine(model_dir, startup_timeout_s=120) if rank == 0 else None
+    engine = start_engine(model_dir, startup_timeout_s=480) if rank == 0 else None
     dist.barrier()
     if rank == 0:
         (sample,) = generate(engine, [prompt], temperature=0.0, max_new_tokens=max_new_tokens)
