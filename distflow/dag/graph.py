@@ -4,9 +4,10 @@ A Pipeline is data: every rank builds the same one and walks it with its own con
 (distflow.dag.controller). Edges are implied by data: a node depends on the nodes that produce its
 inputs. Validation runs before any process group exists and names the offending node.
 """
-import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
+
+from distflow.dotted_path import load_callable
 
 # Roles a node can run on. "all" nodes run on every rank (cheap per-sample work such as advantages).
 ROLES = ("rollout", "reward", "actor", "ref", "critic", "all")
@@ -31,14 +32,10 @@ class Node:
     def resolve(self) -> Callable:
         if callable(self.fn):
             return self.fn
-        module_name, _, attr = self.fn.partition(":")
         try:
-            target = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as err:
-            raise PipelineError(f"node {self.id!r}: cannot load its function {self.fn!r}: {err}") from None
-        if not callable(target):
-            raise PipelineError(f"node {self.id!r}: {self.fn!r} is not callable")
-        return target
+            return load_callable(self.fn, f"node {self.id!r}: cannot load its function {self.fn!r}")
+        except ValueError as err:
+            raise PipelineError(str(err)) from None
 
 
 @dataclass

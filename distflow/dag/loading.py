@@ -1,10 +1,9 @@
 """Turns dag.pipeline (a built-in name or 'module:function') into a Pipeline for a config."""
-import importlib
-
 from distflow.config import ConfigError
 from distflow.config.schema import DistFlowConfig
 from distflow.dag.builtin import BUILTIN
 from distflow.dag.graph import Pipeline
+from distflow.dotted_path import load_callable
 
 
 def load_pipeline(cfg: DistFlowConfig) -> Pipeline:
@@ -14,11 +13,10 @@ def load_pipeline(cfg: DistFlowConfig) -> Pipeline:
     if ":" not in name:
         raise ConfigError(f"dag.pipeline={name!r} is neither a built-in pipeline {sorted(BUILTIN)} "
                           "nor a 'module:function' path")
-    module_name, _, fn_name = name.partition(":")
     try:
-        fn = getattr(importlib.import_module(module_name), fn_name)
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(f"dag.pipeline={name!r}: cannot load it: {err}") from None
+        fn = load_callable(name, f"dag.pipeline={name!r}")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     pipeline = fn(cfg)
     if not isinstance(pipeline, Pipeline):
         raise ConfigError(f"dag.pipeline={name!r} returned {type(pipeline).__name__}, not a distflow.dag.Pipeline")

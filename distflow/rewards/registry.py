@@ -12,12 +12,13 @@ Scorers are named by "module:function" strings rather than passed as objects so 
 processes import them themselves (nothing to pickle, custom modules included).
 """
 import functools
-import importlib
 import inspect
 import math
 import numbers
 from dataclasses import dataclass
 from typing import Callable
+
+from distflow.dotted_path import load_callable
 
 # name -> "module:function"
 BUILTIN_SCORERS = {
@@ -71,18 +72,10 @@ class Scorer:
 @functools.cache
 def load_scorer(path: str) -> Scorer:
     """Imports "module:function" (or "module.function") and checks it against the scorer contract."""
-    module_name, sep, fn_name = path.partition(":")
-    if not sep:
-        module_name, _, fn_name = path.rpartition(".")
-    if not module_name or not fn_name:
-        raise ScorerError(f"scorer {path!r} is not a dotted path; expected 'module:function'")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ScorerError(f"cannot import the module of scorer {path!r}: {e}") from e
-    fn = getattr(module, fn_name, None)
-    if not callable(fn):
-        raise ScorerError(f"module {module_name!r} has no function {fn_name!r} (scorer {path!r})")
+        fn = load_callable(path, f"scorer {path!r}")
+    except ValueError as err:
+        raise ScorerError(str(err)) from None
     return Scorer(path, fn, _check_signature(path, fn))
 
 
