@@ -12,7 +12,7 @@ cd "$repo"
 py="$repo/.venv/bin/python"
 model="outputs/tiny-qwen2"
 if [[ ! -f "$model/model.safetensors" ]]; then
-  "$py" tools/make_tiny_model.py --family qwen2 --out "$model"
+  "$py" tools/make_tiny_model.py --family qwen2 --out "$model" --vocab 300
 fi
 run=(timeout 1800 "$py" -m torch.distributed.run --standalone --nproc-per-node 2 -m distflow.train)
 if [[ "${1:-}" == "smoke" ]]; then
