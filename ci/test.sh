@@ -7,4 +7,4 @@ bash "$repo/ci/setup.sh"
 source "$repo/ci/cpu_env.sh"
 cd "$repo"
 # The outer timeout is a last resort: every test also has its own (pytest.ini) and every spawned job too.
-exec timeout 2400 "$repo/.venv/bin/python" -m pytest "$@"
+exec timeout 3600 "$repo/.venv/bin/python" -m pytest "$@"
