@@ -1,0 +1,22 @@
+"""Weights half of the resharding coordinator: trained Megatron shards -> SGLang engines' own shards.
+
+plan_weight_sync (pure, identical on every rank) says, for every tensor every engine TP rank receives,
+which training rank sends which region of which Megatron shard, in size-bounded buckets; WeightResharder
+executes it (each rank writes its own slices into the engine ranks' shared staging buffers, the engine
+owner loads them with SGLang's load_format="direct"), versions the engine's weights and verifies them.
+
+The trainer's sync node, on every rank (colocated placement):
+    engine = start_engine(path, tp=engine_tp, extra_args=engine_side.engine_args())  # engine owners only
+    resharder = WeightResharder.for_megatron_worker(actor, placement, cfg.sync, engine=engine)
+    stats = resharder.sync()                   # collective; stats.version, stats.metrics() -> "sync/*"
+    version, samples = engine_state.generate(engine, prompts, ...)   # refuses a stale engine
+"""
+from distflow.coordination.weights import engine_side, engine_state
+from distflow.coordination.weights.engine_state import EngineWeightState, StaleEngineError, state_of
+from distflow.coordination.weights.executor import (EngineDiedError, SyncStats, WeightResharder, WeightSyncError,
+                                                    WeightVerifyError, megatron_tensors)
+from distflow.coordination.weights.plan import HF, SHARDS, WeightSyncPlan, plan_weight_sync, sync_mode
+
+__all__ = ["HF", "SHARDS", "EngineDiedError", "EngineWeightState", "StaleEngineError", "SyncStats",
+           "WeightResharder", "WeightSyncError", "WeightSyncPlan", "WeightVerifyError", "engine_side",
+           "engine_state", "megatron_tensors", "plan_weight_sync", "state_of", "sync_mode"]

@@ -1,0 +1,493 @@
+"""Executes a WeightSyncPlan on every rank: moves each piece of each Megatron shard straight into the staging
+buffer of the engine rank that needs it, and has each engine's owner load the buckets into the engine.
+
+Transfer (colocated, same node): every engine rank's host keeps two staging buffers in shared memory (CUDA
+IPC memory on GPU), each the size of that rank's largest bucket, allocated once. Their handles (a few
+hundred bytes) are exchanged once; after that each training rank writes the pieces it holds directly into
+the staging buffers (no funnel through one rank; every stage and TP rank writes at once), the ranks agree
+that the bucket is complete (one all_gather of small status objects, which also carries errors and
+checksum shares), and the engine owner hands SGLang one `LocalSerializedTensor` per tensor whose entry r
+is a view of engine rank r's staging buffer (`load_format="direct"`: each scheduler copies its own view
+into its own parameter). Buckets alternate between the two buffers, so ranks fill bucket b+1 while the
+owner loads bucket b. The whole sync is one begin/end_weight_update session; the last load flushes the
+engine's KV/prefix cache.
+
+Failures: any rank's exception (or the engine dying: its SIGQUIT is turned into an exception while the sync
+runs) is reported in the next status exchange, every rank raises WeightSyncError naming the rank and the
+cause, and the engine stays marked stale (engine_state). Megatron's weights are only read.
+sync.verify: the owner asks every engine rank for the checksum of each parameter (engine_side.probe) and
+compares, per bucket, with the sum of the shares the senders computed from their own shards.
+The transfer is same-node shared memory: colocated placement, or disaggregated within one node. Engines on
+other nodes than their senders (a weight-update process group over NCCL/gloo) are not implemented: the
+first sync refuses them, naming the ranks and hosts.
+"""
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from distflow.coordination.weights import checksum as wsum
+from distflow.coordination.weights import engine_side
+from distflow.coordination.weights.engine_state import state_of
+from distflow.coordination.weights.plan import WeightSyncPlan, plan_weight_sync
+from distflow.coordination.weights.regions import narrow
+
+logger = logging.getLogger(__name__)
+_LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync failed; raised on every rank. The engine keeps serving nothing until a sync succeeds."""
+
+
+class EngineDiedError(RuntimeError):
+    """An SGLang engine process died while the weight sync was talking to it."""
+
+
+@dataclass
+class SyncStats:
+    version: int
+    seconds: float
+    """Wall time of the sync on the slowest rank."""
+    total_bytes: int
+    """Bytes loaded into all engines."""
+    busiest_sender_bytes: int
+    busiest_sender: int
+    buckets: int
+    receiver_bytes: dict = field(default_factory=dict)
+    """(engine, engine rank) -> bytes that rank received."""
+    verified: bool = False
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.total_bytes / max(self.seconds, 1e-9) / 1e9
+
+    def metrics(self) -> dict[str, float]:
+        return {"sync/seconds": self.seconds, "sync/total_bytes": float(self.total_bytes),
+                "sync/busiest_rank_bytes": float(self.busiest_sender_bytes), "sync/gb_per_s": self.gb_per_s,
+                "sync/version": float(self.version), "sync/buckets": float(self.buckets)}
+
+
+class WeightResharder:
+    """Pushes this rank's Megatron shards into the rollout engines, as `plan` says. Collective: every rank
+    of the default process group constructs one and calls sync() together.
+
+    local_tensors: this rank's Megatron parameters under global names (decoder.layers.<global layer>.*).
+    engine: the sglang.Engine on the rank that owns one (plan.owners), else None; it must have been started
+    with extra_args=engine_side.engine_args(). engine_dtype: the engine's parameter dtype.
+    load_format: "direct" (SGLang's) or engine_side.LOAD_COUNTED (the same, counting received bytes).
+    on_bucket(bucket index): called on every rank before it writes a bucket (progress; tests inject faults).
+    """
+
+    def __init__(self, plan: WeightSyncPlan, local_tensors: dict[str, torch.Tensor], *, engine=None,
+                 engine_dtype: torch.dtype = torch.float32, verify: bool = False, load_format: str = "direct",
+                 on_bucket=None):
+        assert plan.element_size == torch.empty(0, dtype=engine_dtype).element_size(), "plan/engine dtype mismatch"
+        self.plan, self.local, self.dtype = plan, local_tensors, engine_dtype
+        self.verify, self.load_format, self.on_bucket = verify, load_format, on_bucket
+        self.rank = dist.get_rank()
+        self.version = 0
+        self.engine_index = plan.owners.index(self.rank) if self.rank in plan.owners else None
+        self.engine = engine
+        if self.engine_index is not None:
+            if engine is None:
+                raise ValueError(f"rank {self.rank} owns engine {self.engine_index} but was given no engine")
+            _check_engine_args(engine)
+        self._staging = {}  # (engine, rank, slot) -> tensor, on hosts (own) and writers/owners (opened)
+        self._ready = False  # staging buffers allocated and opened on every rank
+        self._engine_checked = False
+        self._engine_dead = False
+        self._in_engine_call = False
+        self.last_engine_reports = None
+        """Owner with verify: each engine rank's probe report after the last sync (engine_side.probe)."""
+        self._writes = self._index_writes()
+        self._check_local_tensors()
+
+    @classmethod
+    def for_megatron_worker(cls, worker, placement, sync_cfg, *, engine=None, engine_dtype: str = "float32",
+                            mode: str = "auto", **kwargs) -> "WeightResharder":
+        """The resharder for a MegatronWorker's model (every rank of the placement calls this)."""
+        plan = plan_weight_sync(worker.spec, worker.checkpoint.config, worker.layout, placement,
+                                bucket_bytes=sync_cfg.bucket_mb * 2**20,
+                                element_size=DTYPES[engine_dtype].itemsize, mode=mode,
+                                padded_vocab=worker.chunks[0].vocab_size, engine_device=worker.device.type)
+        return cls(plan, megatron_tensors(worker.chunks, worker.config), engine=engine,
+                   engine_dtype=DTYPES[engine_dtype], verify=sync_cfg.verify, **kwargs)
+
+    # ---- the sync ---------------------------------------------------------------------------------------
+
+    def sync(self) -> SyncStats:
+        """Moves the current weights into every engine; returns the same SyncStats on every rank."""
+        version = self.version + 1
+        tic = time.perf_counter()
+        sent = 0
+        expected: dict = {}  # (engine, rank, name) -> checksum shares
+        with _file_system_sharing(), self._engine_death_raises():
+            error = None
+            if not self._ready:  # first sync (or after a failed one): staging buffers and their handles
+                error, host, handles = self._safe(self._allocate)
+                error = self._safe(self._open, self._exchange(error, (host, handles)))[0]
+            if self.engine is not None and error is None:
+                error = self._safe(self._begin, version)[0]
+            pending = error  # a local error so far, reported at the next exchange (before any load)
+            for b in range(len(self.plan.buckets)):
+                error, shares, n = self._safe(self._write_bucket, b) if pending is None else (pending, None, 0)
+                sent += n or 0
+                for _, status in self._exchange(error, shares):
+                    for key, value in (status or {}).items():
+                        expected.setdefault(key, []).append(value)
+                self._ready = True
+                pending = self._safe(self._load_bucket, b)[0] if self.engine is not None else None
+            if self.engine is not None and pending is None:
+                pending = self._safe(self._finish, expected)[0]
+            statuses = self._exchange(pending, {"seconds": time.perf_counter() - tic, "sent": sent})
+        self.version = version
+        if self.engine is not None:
+            state = state_of(self.engine)
+            state.version, state.stale_reason = version, None
+        seconds = max(s["seconds"] for _, s in statuses)
+        busiest = max(range(len(statuses)), key=lambda r: statuses[r][1]["sent"])
+        receivers = {(e, r): self.plan.receiver_bytes(e, r) for e in range(len(self.plan.engines))
+                     for r in range(self.plan.engine_tp)}
+        return SyncStats(version=version, seconds=seconds, total_bytes=self.plan.total_bytes,
+                         busiest_sender_bytes=statuses[busiest][1]["sent"], busiest_sender=busiest,
+                         buckets=len(self.plan.buckets), receiver_bytes=receivers, verified=self.verify)
+
+    def _exchange(self, error, payload=None) -> list:
+        """All-gathers (error, payload) and raises WeightSyncError on every rank if any rank reported one."""
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (error, payload))
+        failed = [(r, e) for r, (e, _) in enumerate(gathered) if e]
+        if not failed:
+            return gathered
+        rank, message = failed[0]
+        text = (f"weight sync to version {self.version + 1} failed on rank {rank}: {message}"
+                + (f" (and on ranks {[r for r, _ in failed[1:]]})" if len(failed) > 1 else ""))
+        if self.engine is not None:
+            self._abort(text)
+        raise WeightSyncError(text + "; an engine whose update began is stale until a sync succeeds")
+
+    def _safe(self, fn, *args):
+        """(error text or None, *results): local failures are reported at the next exchange, not raised."""
+        try:
+            out = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - every rank must reach the exchange to hear about it
+            return (f"{type(exc).__name__}: {exc}", None, None)
+        return (None, *(out if isinstance(out, tuple) else (out, None)))
+
+    # ---- steps --------------------------------------------------------------------------------------------
+
+    def _allocate(self) -> dict:
+        """Hosts allocate their engine ranks' two staging buffers; returns their handles."""
+        from sglang.srt.utils import MultiprocessingSerializer
+
+        self._staging = {}
+        for e, ranks in enumerate(self.plan.engines):
+            for rp in ranks:
+                if rp.host == self.rank:
+                    numel = max(sum(t.numel for t in self.plan.bucket_targets(b, e, rp.rank))
+                                for b in range(len(self.plan.buckets)))
+                    for slot in (0, 1):
+                        self._staging[(e, rp.rank, slot)] = _shared_empty(numel, self.dtype, self._device())
+        return socket.gethostname(), {k: MultiprocessingSerializer.serialize(v) for k, v in self._staging.items()}
+
+    def _open(self, gathered: list) -> None:
+        """Opens the other hosts' staging buffers this rank writes to or (owner) loads from."""
+        from sglang.srt.utils import MultiprocessingSerializer
+
+        needed = {(e, r) for items in self._writes.values() for e, r, *_ in items}
+        needed |= {(e, r) for items in self._zero_fills.values() for e, r, *_ in items}
+        if self.engine_index is not None:
+            needed |= {(self.engine_index, rp.rank) for rp in self.plan.engines[self.engine_index]}
+        here = socket.gethostname()
+        for rank, (_, (host, handles)) in enumerate(gathered):
+            for (e, r, slot), handle in handles.items():
+                if (e, r) not in needed or (e, r, slot) in self._staging:
+                    continue
+                if host != here:
+                    raise NotImplementedError(
+                        f"engine {e} rank {r} is staged on rank {rank} ({host}), another node than rank {self.rank} "
+                        f"({here}): the transfer between nodes (a weight-update process group) is not implemented")
+                self._staging[(e, r, slot)] = MultiprocessingSerializer.deserialize(handle)
+
+    def _begin(self, version: int):
+        if not self._engine_checked:
+            self._check_engine_layout()
+            self._engine_checked = True
+        elif self.load_format == engine_side.LOAD_COUNTED:
+            self.probe_engine(checksums=False)  # zero the engine ranks' received-bytes counters
+        state_of(self.engine).stale_reason = f"weight sync to version {version} in progress"
+        self._call("begin_weight_update", "begin_weight_update")
+
+    def _write_bucket(self, b: int):
+        if self.on_bucket is not None:
+            self.on_bucket(b)
+        shares, sent = {}, 0
+        slot = b % 2
+        for e, r, target, offset in self._zero_fills.get(b, ()):  # rows no piece writes: no race with writers
+            first, count = target.padding_rows
+            self._staging[(e, r, slot)][offset:offset + target.numel].view(target.shape)[first:first + count].zero_()
+        with torch.no_grad():
+            for e, r, target, offset, piece in self._writes.get(b, ()):
+                dst = narrow(self._staging[(e, r, slot)][offset:offset + target.numel].view(target.shape), piece.dst)
+                src = narrow(self.local[piece.src_name], piece.src)
+                dst.copy_(src)
+                sent += piece.numel * self.plan.element_size
+                if self.verify:
+                    key = (e, r, target.name)
+                    share = wsum.region_checksum(dst, target.shape, piece.dst)
+                    shares[key] = (shares.get(key, 0) + share) % wsum.MODULUS
+        return shares, sent
+
+    def _load_bucket(self, b: int):
+        from sglang.srt.model_executor.model_runner_components.weight_updater import LocalSerializedTensor
+        from sglang.srt.utils import MultiprocessingSerializer
+
+        e, slot = self.engine_index, b % 2
+        ranks = self.plan.engines[e]
+        offsets = [0] * len(ranks)
+        named = []
+        for name in self.plan.buckets[b]:
+            values = []
+            for i, rp in enumerate(ranks):
+                target = rp.by_name[name]
+                view = self._staging[(e, rp.rank, slot)][offsets[i]:offsets[i] + target.numel].view(target.shape)
+                offsets[i] += target.numel
+                values.append(MultiprocessingSerializer.serialize(view))
+            if self.plan.shared:  # HF fallback: every engine rank reads rank 0's buffer
+                values = values * self.plan.engine_tp
+            named.append((name, LocalSerializedTensor(values=values)))
+        load_format = None if self.plan.shared else self.load_format
+        # The last load flushes the KV/prefix cache in the scheduler (engine.flush_cache() would also run a
+        # full gc.collect() there on CPU: ~0.4 s).
+        self._call(f"load of bucket {b}", "update_weights_from_tensor", named, load_format=load_format,
+                   flush_cache=b == len(self.plan.buckets) - 1)
+
+    def _finish(self, expected: dict):
+        self._call("end_weight_update", "end_weight_update")
+        if self.verify:
+            self._verify(expected)
+
+    def _abort(self, reason: str):
+        """After a failure: the engine stays stale; close its weight-update session unless it is dead."""
+        state = state_of(self.engine)
+        if state.stale_reason is not None:
+            state.stale_reason = reason
+        if not self._engine_dead:
+            with contextlib.suppress(Exception):
+                self.engine.end_weight_update()
+
+    # ---- verification -----------------------------------------------------------------------------------
+
+    def probe_engine(self, checksums: bool) -> list[dict]:
+        """Owner only: every engine rank's report (engine_side.probe): parameters, received bytes, errors."""
+        with tempfile.TemporaryDirectory(prefix="distflow-probe-") as tmp:
+            out = os.path.join(tmp, "report.pt")
+            self._call("begin_weight_update (probe)", "begin_weight_update")
+            try:
+                self._call("probe", "update_weights_from_tensor", engine_side.probe_request(out, checksums),
+                           load_format=engine_side.PROBE, flush_cache=False)
+            finally:
+                self._call("end_weight_update (probe)", "end_weight_update")
+            return torch.load(out)
+
+    def _check_engine_layout(self):
+        """First sync: the plan's tensor names and shapes must be exactly the engine's parameters (a name
+        the engine lacks would kill its scheduler mid-load)."""
+        if self.plan.shared:
+            return
+        reports = self.probe_engine(checksums=False)
+        for rp, report in zip(self.plan.engines[self.engine_index], reports):
+            engine_params = {n: tuple(p["shape"]) for n, p in report["params"].items()}
+            planned = {t.name: tuple(t.shape) for t in rp.targets}
+            for name in sorted(set(engine_params) | set(planned)):
+                if engine_params.get(name) != planned.get(name):
+                    raise ValueError(f"engine rank {rp.rank}: parameter {name!r} has shape {engine_params.get(name)} "
+                                     f"in the engine but {planned.get(name)} in the weight plan "
+                                     "(None: absent); the family's SGLang layout does not match this engine")
+
+    def _verify(self, expected: dict):
+        e = self.engine_index
+        reports = self.last_engine_reports = self.probe_engine(checksums=True)
+        for b, names in enumerate(self.plan.buckets):
+            for rp in self.plan.engines[e]:
+                report = reports[rp.rank]
+                if report["errors"]:
+                    raise WeightVerifyError(f"engine rank {rp.rank} rejected tensors: {report['errors'][:3]}")
+                if self.plan.shared:
+                    continue  # HF names: SGLang's loader fused them; the outputs are compared by tests
+                want = {n: wsum.combine(expected.get((e, rp.rank, n), [])) for n in names}
+                got = {n: report["params"][n]["checksum"] for n in names}
+                if wsum.combine(want.values()) != wsum.combine(got.values()) or want != got:
+                    bad = [n for n in names if want[n] != got[n]]
+                    raise WeightVerifyError(f"bucket {b}: engine {e} rank {rp.rank} holds different weights than "
+                                            f"the trainer sent for {bad}")
+
+    # ---- bookkeeping ------------------------------------------------------------------------------------
+
+    def _index_writes(self) -> dict:
+        """bucket -> [(engine, rank, target, offset in the staging buffer, piece)] this rank writes."""
+        writes, zero = {}, {}
+        for b in range(len(self.plan.buckets)):
+            for e, ranks in enumerate(self.plan.engines):
+                for rp in ranks:
+                    offset = 0
+                    for target in self.plan.bucket_targets(b, e, rp.rank):
+                        if target.padding_rows and rp.host == self.rank:
+                            zero.setdefault(b, []).append((e, rp.rank, target, offset))
+                        for piece in target.pieces:
+                            if piece.src_rank == self.rank:
+                                writes.setdefault(b, []).append((e, rp.rank, target, offset, piece))
+                        offset += target.numel
+        self._zero_fills = zero
+        return writes
+
+    def _check_local_tensors(self):
+        for b, items in self._writes.items():
+            for _, _, _, _, piece in items:
+                tensor = self.local.get(piece.src_name)
+                if tensor is None:
+                    raise ValueError(f"rank {self.rank} holds no Megatron parameter {piece.src_name!r} that the weight "
+                                     "plan reads from it (the plan assumes Megatron's even layer split over stages)")
+                if any(s + n > size for (s, n), size in zip(piece.src, tensor.shape)):
+                    raise ValueError(f"rank {self.rank}: {piece.src_name} has shape {tuple(tensor.shape)}, the plan "
+                                     f"reads {piece.src}")
+
+    def _device(self) -> torch.device:
+        return next(iter(self.local.values())).device if self.local else torch.device("cpu")
+
+    def _call(self, what: str, method: str, *args, **kwargs):
+        """Calls engine.<method>; raises on SGLang's (False, message) answers and on a dead engine."""
+        if self._engine_dead:
+            raise EngineDiedError(f"engine {self.engine_index} died earlier; not calling {what}")
+        self._in_engine_call = True
+        try:
+            result = getattr(self.engine, method)(*args, **kwargs)
+        except Exception as exc:
+            if self._engine_dead:  # the SIGQUIT handler stopped the engine's event loop
+                raise EngineDiedError(f"an SGLang engine process died during {what} (its log is above)") from exc
+            raise
+        finally:
+            self._in_engine_call = False
+        ok, message = (result[0], result[1]) if isinstance(result, tuple) else (result is not False, "")
+        if not ok:
+            raise RuntimeError(f"engine {what} failed: {message}")
+        return result
+
+    @contextlib.contextmanager
+    def _engine_death_raises(self):
+        """While a sync runs, SGLang's SIGQUIT (sent when an engine process dies) marks the engine dead and
+        stops the engine's event loop, so that the engine call waiting for the dead process fails
+        (EngineDiedError) instead of SGLang ending this process (and the trainer with it) or the call
+        waiting forever. SGLang handles the signal on the engine's event loop once that loop has run a
+        request (TokenizerManager.auto_create_handle_loop); we take that slot for the sync and give it back
+        afterwards, or, after a death, leave a handler that only logs: the engine is gone, the trainer
+        lives on and its next generate is refused as stale."""
+        if self.engine is None or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        manager, loop = self.engine.tokenizer_manager, self.engine.loop
+
+        async def register_sglang_handlers():  # on the engine's loop: outside it SGLang would make a new one
+            manager.auto_create_handle_loop()
+
+        loop.run_until_complete(register_sglang_handlers())  # now, so it does not override ours mid-sync
+
+        def on_sigquit():
+            self._engine_dead = True
+            state_of(self.engine).stale_reason = "an engine process died"
+            logger.error("an SGLang engine process died during the weight sync")
+            if self._in_engine_call:
+                loop.stop()  # the waiting run_until_complete raises
+
+        loop.add_signal_handler(signal.SIGQUIT, on_sigquit)
+        try:
+            yield
+        finally:
+            if self._engine_dead:
+                loop.add_signal_handler(signal.SIGQUIT, _log_sigquit)
+            else:
+                loop.add_signal_handler(signal.SIGQUIT,
+                                        manager.signal_handler_class(manager).running_phase_sigquit_handler)
+
+
+def _log_sigquit():
+    logger.error("SIGQUIT from a dead SGLang engine's process ignored (the engine is marked stale)")
+
+
+class WeightVerifyError(WeightSyncError):
+    """sync.verify found engine weights that differ from what the trainer sent."""
+
+
+def megatron_tensors(chunks: list, config) -> dict[str, torch.Tensor]:
+    """This rank's Megatron parameters (every model chunk) under global names: decoder.layers.<global layer>,
+    routed experts numbered globally (mlp.experts.local_experts.<ep rank * experts per rank + local>)."""
+    from megatron.core import parallel_state as ps
+
+    from distflow.workers.megatron.hf_io import chunk_layers
+
+    vp_stages = list(range(len(chunks))) if len(chunks) > 1 else [getattr(chunks[0], "vp_stage", None)]
+    experts_per_rank = (getattr(config, "num_moe_experts", None) or 0) // ps.get_expert_model_parallel_world_size()
+    first_expert = ps.get_expert_model_parallel_rank() * experts_per_rank
+    out = {}
+    for chunk, vp in zip(chunks, vp_stages):
+        offset, _ = chunk_layers(config, chunk, vp)
+        for name, param in chunk.named_parameters():
+            out[global_name(name, offset, first_expert)] = param.detach()
+    return out
+
+
+def global_name(local_name: str, layer_offset: int, first_expert: int = 0) -> str:
+    """A model chunk's parameter name with its layer (and routed expert) numbered globally."""
+    name = local_name
+    if name.startswith("decoder.layers."):
+        local, rest = name[len("decoder.layers."):].split(".", 1)
+        name = f"decoder.layers.{layer_offset + int(local)}.{rest}"
+    expert = _LOCAL_EXPERT.search(name)
+    if expert:
+        name = f"{name[:expert.start(1)]}{first_expert + int(expert.group(1))}{name[expert.end(1):]}"
+    return name
+
+
+def _shared_empty(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised 1-D tensor other processes can open: shared memory on CPU, plain memory on GPU
+    (CUDA tensors are shared through IPC handles)."""
+    if device.type != "cpu":
+        return torch.empty(numel, dtype=dtype, device=device)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    storage = torch.UntypedStorage._new_shared(max(1, numel) * itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, (numel,), (1,))
+
+
+@contextlib.contextmanager
+def _file_system_sharing():
+    """CPU tensors opened by processes that are not descendants of their creator (another trainer rank,
+    the engine's schedulers) must be shared by file name, not by file descriptor."""
+    import torch.multiprocessing as mp
+
+    previous = mp.get_sharing_strategy()
+    mp.set_sharing_strategy("file_system")
+    try:
+        yield
+    finally:
+        mp.set_sharing_strategy(previous)
+
+
+def _check_engine_args(engine) -> None:
+    loaders = list(getattr(getattr(engine, "server_args", None), "custom_weight_loader", None) or [])
+    missing = [n for n in engine_side.engine_args()["custom_weight_loader"] if n not in loaders]
+    if missing:
+        raise ValueError(f"the engine was started without the weight-sync loaders {missing}; start it with "
+                         "extra_args=distflow.coordination.weights.engine_side.engine_args()")
+
