@@ -82,15 +82,4 @@ RUN_ARGS=(
 OVERRIDES=("${MODEL_ARGS[@]}" "${ACTOR_ARGS[@]}" "${REF_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${ALGO_ARGS[@]}"
            "${DATA_ARGS[@]}" "${RUN_ARGS[@]}" "$@")
 
-cd "${REPO_DIR}"
-if [[ "${DRY_RUN:-0}" == 1 ]]; then
-    PLAN_ARGS=(--world-size "${WORLD_SIZE}" --gpus-per-node "${GPUS_PER_NODE}" --gpu-memory-gb "${GPU_MEMORY_GB}"
-               --bandwidth-gbps "${BANDWIDTH_GBPS}")
-    [[ -f "${MODEL_PATH}/config.json" ]] || PLAN_ARGS+=(--model-config "${SHIPPED_MODEL_CONFIG}")
-    exec "${PYTHON}" -m distflow.plan "${CONFIG}" "${OVERRIDES[@]}" "${PLAN_ARGS[@]}"
-fi
-
-export CUDA_DEVICE_MAX_CONNECTIONS=1             # Megatron: keep TP/SP communication ordered with compute
-exec torchrun --nnodes "${NNODES}" --node-rank "${NODE_RANK}" --master-addr "${MASTER_ADDR}" \
-    --master-port "${MASTER_PORT}" --nproc-per-node "${GPUS_PER_NODE}" \
-    -m distflow.train "${CONFIG}" "${OVERRIDES[@]}"
+source "${REPO_DIR}/examples/lib/launch_common.sh"
