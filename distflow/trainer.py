@@ -40,6 +40,10 @@ def run(ctx) -> None:
                                     seed=cfg.trainer.seed)
     if cluster.ref is not None:
         node_ctx.ref = MegatronWorker("ref", cfg.ref, cfg.model, cluster.ref, ctx.device)
+    if cluster.reward_model is not None:
+        from distflow.nodes.reward_model_setup import build_reward_model
+
+        node_ctx.reward_model = build_reward_model(cfg, cluster.reward_model, tokenizer, ctx.device)
     node_ctx.rollout = RolloutWorker(cfg, placement, ctx.rank, cfg.model.path)
     train_set = PromptDataset.from_config(cfg.data, tokenizer, "train")
     val_set = PromptDataset.from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None

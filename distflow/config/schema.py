@@ -160,7 +160,9 @@ class RewardConfig:
         "gsm8k", "Built-in rule-based scorer: gsm8k, gsm8k_flexible, math, copy, or auto (chosen per sample from "
         "its data_source; see distflow/rewards/registry.py).")
     custom: Optional[str] = option(None, "Custom scorer as 'module:function'.")
-    model_path: Optional[str] = option(None, "Reward model checkpoint (Megatron forward with a scalar head).")
+    model_path: Optional[str] = option(
+        None, "Reward model: a HF *ForSequenceClassification checkpoint (one label) sharing the policy's tokenizer; "
+        "it scores training samples (Megatron forward in the actor's layout). Validation still uses reward.name.")
     timeout_s: float = option(10.0, "Per-sample scorer timeout; a timeout scores 0 and counts in reward/timeouts.")
     num_workers: int = option(2, "Scorer process-pool size.")
 

@@ -3,6 +3,7 @@
 The node functions live in distflow.nodes (one module per kind of work); a pipeline only says who runs
 what on which data. A user pipeline is any `module:function` returning a Pipeline (dag.pipeline=...).
 """
+from distflow.config import ConfigError
 from distflow.config.schema import DistFlowConfig
 from distflow.dag.graph import Pipeline
 
@@ -19,9 +20,24 @@ def _head(p: Pipeline, cfg: DistFlowConfig) -> Pipeline:
     """generate -> reward, shared by every pipeline."""
     p.add("generate", "rollout", f"{N}.rollout:generate", ["prompts"], ["samples"],
           doc=f"each engine samples rollout.n={cfg.rollout.n} responses per prompt of its shard")
-    p.add("reward", "reward", f"{N}.reward:score", ["samples"], ["rewards"],
-          doc="rule-based, custom or model reward per sample")
+    if cfg.reward.model_path:
+        if p.name == "dapo":
+            raise ConfigError("reward.model_path with dag.pipeline=dapo: dynamic sampling filters groups where the "
+                              "samples were generated, and model rewards are computed in the training layout; use "
+                              "a rule-based or custom reward with dapo, or grpo/rloo/ppo with a reward model")
+        # keep_groups: the advantage node runs where the model rewards are (see _outcome_inputs)
+        p.add("reward", "reward_model", f"{N}.reward:model_score", ["samples"], ["rewards"], keep_groups=True,
+              doc="reward model forward (Megatron, the actor's layout): the score of each whole sequence")
+    else:
+        p.add("reward", "reward", f"{N}.reward:score", ["samples"], ["rewards"],
+              doc="rule-based or custom reward per sample, where the samples were generated")
     return p
+
+
+def _outcome_inputs(cfg: DistFlowConfig, src: str) -> list[str]:
+    """Inputs of an advantage node: a role-"all" node runs in the layout of its first input, which must be
+    where the rewards are (model rewards are made in the training layout, rule rewards with the samples)."""
+    return ["rewards", src] if cfg.reward.model_path else [src, "rewards"]
 
 
 def _logprobs(p: Pipeline, cfg: DistFlowConfig, src: str) -> None:
@@ -46,7 +62,8 @@ def _tail(p: Pipeline, cfg: DistFlowConfig, src: str) -> Pipeline:
 def grpo(cfg: DistFlowConfig, name: str = "grpo") -> Pipeline:
     p = _head(Pipeline(name, fields=FIELDS), cfg)
     _logprobs(p, cfg, "samples")
-    p.add("advantage", "all", f"{N}.advantage:compute", ["samples", "rewards"], ["advantages"], keep_groups=True,
+    p.add("advantage", "all", f"{N}.advantage:compute", _outcome_inputs(cfg, "samples"), ["advantages"],
+          keep_groups=True,
           doc=f"group-normalised advantages ({cfg.algorithm.adv_estimator})")
     return _tail(p, cfg, "samples")
 

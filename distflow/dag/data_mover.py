@@ -1,7 +1,7 @@
 """Moves a DAG node's input from the layout its producer ran in to the layout its consumer runs in.
 
 Roles map to data layouts: rollout and reward nodes hold samples on the engine owners (the rollout
-layout); actor, ref and critic nodes on their Megatron layouts (every TP rank of a DP replica holds the
+layout); actor, ref, critic and reward_model nodes on their Megatron layouts (every TP rank of a DP replica holds the
 replica's rows). Role "all" nodes work on data where it already is: they take the layout of their first
 input's producer. When both layouts are the same, nothing moves (the local cache); otherwise the data
 coordinator moves the PackedBatch, collectively, over the ranks of both layouts.
@@ -18,7 +18,7 @@ class CoordinatorMover:
         self.cluster, self.coordinator, self.fields = cluster, coordinator, pipeline.fields
         rollout = PlacedLayout.rollout(cluster.placement)
         self.role_layouts = {"rollout": rollout, "reward": rollout}
-        for role in ("actor", "ref", "critic"):
+        for role in ("actor", "ref", "critic", "reward_model"):
             layout = getattr(cluster, role)
             if layout is not None:
                 self.role_layouts[role] = PlacedLayout.training(layout, cluster.placement)

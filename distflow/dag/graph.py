@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 from distflow.dotted_path import load_callable
 
 # Roles a node can run on. "all" nodes run on every rank (cheap per-sample work such as advantages).
-ROLES = ("rollout", "reward", "actor", "ref", "critic", "all")
+ROLES = ("rollout", "reward", "actor", "ref", "critic", "reward_model", "all")
 
 
 class PipelineError(ValueError):

@@ -10,6 +10,7 @@ def ranks_of_role(cluster: ClusterLayout) -> dict[str, tuple[int, ...]]:
         "actor": p.train_ranks,
         "ref": p.train_ranks if cluster.ref else (),
         "critic": p.train_ranks if cluster.critic else (),
+        "reward_model": p.train_ranks if cluster.reward_model else (),
         "all": tuple(range(p.world_size)),
     }
 

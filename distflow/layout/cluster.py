@@ -18,6 +18,8 @@ class ClusterLayout:
     actor: ParallelLayout
     ref: Optional[ParallelLayout]
     critic: Optional[ParallelLayout]
+    reward_model: Optional[ParallelLayout] = None
+    """The reward model's layout (reward.model_path): the actor's, on the same ranks and Megatron groups."""
 
     @classmethod
     def from_config(cls, cfg: DistFlowConfig, world_size: int, shape: Optional[ModelShape]) -> "ClusterLayout":
@@ -35,7 +37,8 @@ class ClusterLayout:
             for role, layout in layouts.items():
                 if layout is not None:
                     layout.validate_for_model(shape, role)
-        return cls(placement=placement, **layouts)
+        reward_model = layouts["actor"] if cfg.reward.model_path else None
+        return cls(placement=placement, reward_model=reward_model, **layouts)
 
     def describe(self) -> str:
         p = self.placement
@@ -43,7 +46,7 @@ class ClusterLayout:
                  f"{p.num_engines} engine(s) of TP {p.engine_tp}"]
         for e in range(p.num_engines):
             lines.append(f"  engine {e}: ranks {list(p.engine_ranks(e))}")
-        for role in ("actor", "ref", "critic"):
+        for role in ("actor", "ref", "critic", "reward_model"):
             layout = getattr(self, role)
             lines.append(f"{role}: " + (layout.describe() if layout else "off"))
         return "\n".join(lines)

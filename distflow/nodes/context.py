@@ -17,6 +17,7 @@ class NodeContext:
     reward_pool: Any = None      # RewardPool (on ranks that hold samples)
     actor: Any = None            # MegatronWorker
     ref: Optional[Any] = None
+    reward_model: Optional[Any] = None  # MegatronWorker role "reward" (reward.model_path)
     metrics: dict = field(default_factory=dict)
 
     def record(self, **values) -> None:

@@ -1,4 +1,5 @@
-"""score: rule-based / custom rewards per sample, where the samples were generated."""
+"""score: rule-based / custom rewards per sample, where the samples were generated.
+model_score: a reward model's score per sample, in the training layout (reward.model_path)."""
 import torch
 
 from distflow.coordination.data import PackedBatch
@@ -21,3 +22,19 @@ def score(ctx, inputs):
     ctx.record(**stats)
     return {"rewards": PackedBatch(samples.sample_ids, samples.groups, samples.lengths,
                                    {"rewards": torch.tensor(rewards, dtype=torch.float32)})}
+
+
+def model_score(ctx, inputs):
+    """The reward model's scalar for each whole sequence (prompt + response, as generated), on every rank of
+    the actor's layout; every TP/PP rank of a replica returns the same rewards for its replica's rows."""
+    import math
+
+    from distflow.nodes.context import to_padded
+
+    samples = inputs["samples"].sorted_by_id()
+    scores = ctx.reward_model.compute_scores(to_padded(samples)).float().cpu()
+    values = scores.tolist()
+    if values:
+        ctx.record(**{"reward/mean": math.fsum(values) / len(values), "reward/max": max(values),
+                      "reward/min": min(values)})
+    return {"rewards": PackedBatch(samples.sample_ids, samples.groups, samples.lengths, {"rewards": scores})}

@@ -62,11 +62,9 @@ class RewardPool:
 
     @classmethod
     def from_config(cls, cfg) -> "RewardPool":
-        """From a RewardConfig (reward.name, reward.custom, reward.num_workers, reward.timeout_s)."""
-        if cfg.model_path:
-            raise NotImplementedError(
-                f"reward.model_path={cfg.model_path!r}: model-based rewards (a reward-model worker) are not "
-                "implemented yet; use a rule-based reward.name or reward.custom='module:function'")
+        """From a RewardConfig (reward.name, reward.custom, reward.num_workers, reward.timeout_s).
+        reward.model_path is not the pool's: the reward model scores training samples in a DAG node
+        (distflow.nodes.reward.model_score); the pool still scores validation answers by reward.name."""
         return cls(cfg.name, cfg.custom, cfg.num_workers, cfg.timeout_s)
 
     def score_batch(self, samples: list[RewardSample | Mapping]) -> tuple[list[float], dict[str, float]]:

@@ -22,13 +22,15 @@ from distflow.workers.megatron import batching, builder, hf_io, steps
 from distflow.workers.megatron.value_head import install_value_head
 from distflow.workers.megatron.vocab_parallel import logprobs_and_entropy, shift_to_token_positions
 
-ROLES = ("actor", "ref", "critic")
+ROLES = ("actor", "ref", "critic", "reward")
+HEADED_ROLES = ("critic", "reward")  # a scalar head replaces the vocabulary output layer
 
 
 class MegatronWorker:
     """Builds the role's model for the layout in parallel_state and loads the HF checkpoint into it.
 
-    role: "actor" (trains), "ref" (forward only: no DDP, no optimizer) or "critic" (value head, trains).
+    role: "actor" (trains), "ref" (forward only: no DDP, no optimizer), "critic" (value head, trains) or
+    "reward" (a reward model: model_cfg.path is a *ForSequenceClassification checkpoint; forward only).
     role_cfg: the role's config section (MegatronRoleConfig; ActorConfig/CriticConfig for training roles).
     model_cfg: the `model` section (HF path, compute dtype); the critic starts from role_cfg.path if set.
     layout: the role's ParallelLayout, checked against parallel_state.
@@ -40,24 +42,27 @@ class MegatronWorker:
                  samples_per_prompt: int = 1, seed: int = 1):
         from distflow.models.conversion import HFCheckpoint
         from distflow.models.registry import spec_for
+        from distflow.models.reward_model import RewardModelCheckpoint
 
         assert role in ROLES, f"role={role!r}: one of {ROLES}"
         _check_layout(role, role_cfg, layout, device)
         self.role, self.cfg, self.layout = role, role_cfg, layout
         self.device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
-        self.trains = role != "ref"
+        self.trains = role in ("actor", "critic")
         path = (getattr(role_cfg, "path", None) if role == "critic" else None) or model_cfg.path
-        self.checkpoint = HFCheckpoint(path)
+        self.checkpoint = RewardModelCheckpoint(path) if role == "reward" else HFCheckpoint(path)
         self.spec = spec_for(self.checkpoint.config)
         self.vocab_size = self.checkpoint.config["vocab_size"]
         self.config = builder.transformer_config(self.spec, self.checkpoint.config, role_cfg,
                                                  builder.DTYPES[model_cfg.dtype], device)
         build = builder.GPTBuildSpec(**self.spec.gpt_model_fields(self.checkpoint.config, layout.tp))
-        self.chunks = builder.build_model_chunks(self.config, build, untie_output=role == "critic")
-        if role == "critic" and self.chunks[-1].post_process:
+        self.chunks = builder.build_model_chunks(self.config, build, untie_output=role in HEADED_ROLES)
+        if role in HEADED_ROLES and self.chunks[-1].post_process:
             install_value_head(self.chunks[-1], self.config, init_seed=seed)
+            if role == "reward":
+                self.chunks[-1].output_layer.weight.data.copy_(self.checkpoint.score_weight())
         hf_io.load_hf_weights(self.chunks, self.spec, self.checkpoint, self.config,
-                              skip_output_layer=role == "critic")
+                              skip_output_layer=role in HEADED_ROLES)
         if self.trains:
             self.model = builder.wrap_for_training(self.chunks, self.config, role_cfg.optim.use_distributed_optimizer)
             self.optimizer, self.scheduler = builder.build_optimizer(role_cfg.optim, self.model, self.config,
@@ -96,6 +101,20 @@ class MegatronWorker:
             return values.sum() * 0, {"values": values}
 
         return self._forward(batch, output_fn, ("values",))["values"]
+
+    @torch.no_grad()
+    def compute_scores(self, batch: dict) -> torch.Tensor:
+        """scores [B] float32 of this rank's rows (reward model): the head at each row's last real token,
+        as transformers' *ForSequenceClassification pools it; on every rank of the replica."""
+        assert self.role == "reward", f"compute_scores needs a reward model, not the {self.role}"
+
+        def output_fn(output, micro_batch):
+            heads = output[..., 0].float()  # unshifted: the head at position t read tokens 0..t
+            return heads.sum() * 0, {"heads": heads}
+
+        heads = self._forward(batch, output_fn, ("heads",))["heads"]
+        last = batch["attention_mask"].sum(dim=1).long() - 1
+        return heads[torch.arange(len(last)), last.to(heads.device)]
 
     def _forward(self, batch: dict, output_fn, names: tuple) -> dict:
         from megatron.core import parallel_state as ps
