@@ -89,5 +89,6 @@ def test_from_config():
     assert pool.score_batch([sample("#### 3", "3")])[0] == [1.0]
     with pytest.raises(ScorerError, match="unknown reward.name 'gsm9k'"):
         RewardPool.from_config(SimpleNamespace(**{**vars(cfg), "name": "gsm9k"}))
-    with pytest.raises(NotImplementedError, match="reward.model_path"):
-        RewardPool.from_config(SimpleNamespace(**{**vars(cfg), "model_path": "/rm"}))
+    # With a reward model the pool still scores validation answers by reward.name.
+    with_model = RewardPool.from_config(SimpleNamespace(**{**vars(cfg), "model_path": "/rm"}))
+    assert with_model.score_batch([sample("#### 3", "3")])[0] == [1.0]
