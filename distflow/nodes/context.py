@@ -18,6 +18,7 @@ class NodeContext:
     actor: Any = None            # MegatronWorker
     ref: Optional[Any] = None
     metrics: dict = field(default_factory=dict)
+    prompt_loader: Any = None    # this rank's PromptLoader (engine owners): DAPO draws more prompts from it
 
     def record(self, **values) -> None:
         self.metrics.update({k: float(v) for k, v in values.items()})
