@@ -1,6 +1,7 @@
 """DAPO's dynamic sampling (distflow.nodes.filters): the pure pieces, then the collective decision under
 torchrun with uneven kept counts per rank (4 gloo ranks, one of them holding no samples)."""
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 
 from distflow.coordination.data import PackedBatch
 from distflow.nodes.filters import Round, _keep_informative, _RoundIds, dp_unit, groups_to_train, share_out
-from distflow.testing.launch import torchrun
+from distflow.testing.launch import JobFailed, torchrun
 
 JOB = Path(__file__).parent / "jobs" / "dynamic_sampling_job.py"
 
@@ -124,3 +125,19 @@ def test_nothing_informative_gives_zero_groups_after_every_round(tmp_path):
         assert r["draws"] == [2, 3] and r["attempts"] == 3 and r["kept_groups"] == 0
         assert r["dropped"] == 3 * 3 * 4
     assert all(r["ids"] == [] for r in ranks[:3])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fail_rank", [0, 2])  # a rank holding samples; the rank that only joins the collective
+def test_a_rank_failing_inside_the_sampling_loop_stops_every_rank_with_its_error(fail_rank):
+    # It raises in its draw of round 2 while the other ranks wait in that round's all_reduce.
+    start = time.perf_counter()
+    with pytest.raises(JobFailed) as err:
+        torchrun(JOB, nproc=3, args=["--scenario", "trim", "--fail-rank", fail_rank, "--fail-attempt", "2"],
+                 timeout_s=200)
+    elapsed = time.perf_counter() - start
+    text = str(err.value)
+    assert f"rank {fail_rank} failed in node 'dynamic_sampling': ValueError: deliberate failure in round 2" in text
+    assert f"stopping: rank {fail_rank} failed" in text  # a waiting rank ended by the signal, with that error
+    assert not any(f"rank {r} failed" in text for r in range(3) if r != fail_rank)
+    assert elapsed < 120, elapsed  # far below the 300 s collective timeout the others would wait out
