@@ -6,8 +6,8 @@ distflow.dag.Pipeline (see distflow.dag.loading).
 """
 from distflow.config import ConfigError
 
-NOT_WIRED_YET = ("ppo", "dapo", "reinforce_pp")
-RUNNABLE = ("smoke", "grpo", "rloo")  # built-in names a job can run today (user pipelines too)
+NOT_WIRED_YET = ("ppo", "reinforce_pp")
+RUNNABLE = ("smoke", "grpo", "rloo", "dapo")  # built-in names a job can run today (user pipelines too)
 
 
 def resolve_pipeline(name: str):

@@ -51,6 +51,7 @@ def run(ctx) -> None:
     if node_ctx.rollout.owner:
         node_ctx.reward_pool = RewardPool.from_config(cfg.reward)
         loader = PromptLoader.from_config(cfg.data, train_set, node_ctx.rollout.engine_index, placement.num_engines)
+    node_ctx.prompt_loader = loader  # dynamic sampling draws its extra rounds from the same data order
     tracker = Tracker(cfg.tracking, out_dir, rank=ctx.rank, config=_as_dict(cfg))
     pipeline = load_pipeline(cfg)
     coordinator = DataCoordinator(timeout_s=cfg.trainer.dist_timeout_s)

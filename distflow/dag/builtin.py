@@ -81,13 +81,28 @@ def ppo(cfg: DistFlowConfig) -> Pipeline:
 
 def dapo(cfg: DistFlowConfig) -> Pipeline:
     p = _head(Pipeline("dapo", fields=FIELDS), cfg)
+    a = cfg.algorithm
     p.add("dynamic_sampling", "all", f"{N}.filters:dynamic_sampling", ["samples", "rewards"],
           ["kept_samples", "kept_rewards"], keep_groups=True,
-          doc="drop groups whose rewards are all equal; generate again until the batch is full (collective)")
+          doc=f"overlong shaping (buffer {a.overlong_buffer_len} tokens); drop groups whose rewards are all "
+              f"equal; generate again (up to {a.max_sampling_attempts} rounds, a collective decision) until "
+              f"{cfg.data.train_batch_size} groups are kept")
     _logprobs(p, cfg, "kept_samples")
     p.add("advantage", "all", f"{N}.advantage:compute", ["kept_samples", "kept_rewards"], ["advantages"],
           keep_groups=True, doc="group-normalised advantages")
-    return _tail(p, cfg, "kept_samples")
+    return _read_as(_tail(p, cfg, "kept_samples"), {"kept_samples": "samples", "kept_rewards": "rewards"})
+
+
+def _read_as(p: Pipeline, names: dict[str, str]) -> Pipeline:
+    """Every node that consumes one of `names` receives it under the mapped key: the shared node functions
+    read "samples"/"rewards", whatever the data is called in this graph."""
+    import dataclasses
+
+    for i, node in enumerate(p.nodes):
+        renamed = {k: v for k, v in names.items() if k in node.inputs}
+        if renamed:
+            p.nodes[i] = dataclasses.replace(node, arg_names=tuple(sorted({**dict(node.arg_names), **renamed}.items())))
+    return p
 
 
 BUILTIN = {"grpo": grpo, "ppo": ppo, "dapo": dapo,

@@ -21,10 +21,16 @@ class SameLayoutMover:
         return value
 
 
+class SkipStep(Exception):
+    """Raised by a node, on every rank alike, when this step has nothing left to do (the message says why)."""
+
+
 @dataclass
 class StepResult:
     outputs: dict[str, Any]
     timing_s: dict[str, float] = field(default_factory=dict)
+    skipped_at: str | None = None
+    """The node that ended the step early with SkipStep (its later nodes did not run), else None."""
 
 
 class RankController:
@@ -44,23 +50,27 @@ class RankController:
     def run_step(self, sources: dict[str, Any]) -> StepResult:
         """Runs one pass over the DAG. `sources` holds this rank's share of the pipeline's source data."""
         store = dict(sources)
-        timing = {}
+        timing, skipped_at = {}, None
         if hasattr(self.mover, "new_step"):
             self.mover.new_step()
         for node in self.order:
             start = time.perf_counter()
             try:
-                inputs = {name: self._input(name, store, node) for name in node.inputs}
+                inputs = {node.arg(name): self._input(name, store, node) for name in node.inputs}
                 if self.runs(node):
                     outputs = self._fn(node)(self.ctx, inputs)
                     self._check_outputs(node, outputs)
                     store.update(outputs)
+            except SkipStep:
+                timing[node.id] = time.perf_counter() - start
+                skipped_at = node.id
+                break
             except Exception as exc:
                 if self.failure is not None:
                     self.failure.report(node.id, exc)
                 raise
             timing[node.id] = time.perf_counter() - start
-        return StepResult(outputs=store, timing_s=timing)
+        return StepResult(outputs=store, timing_s=timing, skipped_at=skipped_at)
 
     def _input(self, name: str, store: dict, consumer: Node) -> Any:
         producer = self.producer_of.get(name)

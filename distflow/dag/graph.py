@@ -28,6 +28,13 @@ class Node:
     keep_groups: bool = False
     """The node needs every sample of a prompt's group on the same rank (advantages, dynamic sampling)."""
     doc: str = ""
+    arg_names: tuple[tuple[str, str], ...] = ()
+    """(data name, key) pairs: the function receives that input under another key, so one node function
+    serves renamed data (DAPO's advantage/log-prob/train nodes read kept_samples as "samples")."""
+
+    def arg(self, data_name: str) -> str:
+        """The key under which the function receives input `data_name`."""
+        return dict(self.arg_names).get(data_name, data_name)
 
     def resolve(self) -> Callable:
         if callable(self.fn):
@@ -50,8 +57,9 @@ class Pipeline:
     including ranks that hold none of the data)."""
 
     def add(self, id: str, role: str, fn, inputs: Iterable[str] = (), outputs: Iterable[str] = (),
-            keep_groups: bool = False, doc: str = "") -> "Pipeline":
-        self.nodes.append(Node(id, role, fn, tuple(inputs), tuple(outputs), keep_groups, doc))
+            keep_groups: bool = False, doc: str = "", arg_names: dict[str, str] | None = None) -> "Pipeline":
+        self.nodes.append(Node(id, role, fn, tuple(inputs), tuple(outputs), keep_groups, doc,
+                               tuple(sorted((arg_names or {}).items()))))
         return self
 
     def node(self, node_id: str) -> Node:
@@ -82,6 +90,10 @@ class Pipeline:
                     raise PipelineError(f"node {n.id!r}: output {out!r} is already produced by {first}")
                 produced_by[out] = n.id
         for n in self.nodes:
+            for data_name, _ in n.arg_names:
+                if data_name not in n.inputs:
+                    raise PipelineError(f"node {n.id!r}: arg_names renames {data_name!r}, which is not one of its "
+                                        f"inputs {list(n.inputs)}")
             for name in n.inputs:
                 if name not in produced_by and name not in self.sources:
                     raise PipelineError(f"node {n.id!r}: input {name!r} is produced by no node "

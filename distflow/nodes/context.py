@@ -19,6 +19,7 @@ class NodeContext:
     ref: Optional[Any] = None
     reward_model: Optional[Any] = None  # MegatronWorker role "reward" (reward.model_path)
     metrics: dict = field(default_factory=dict)
+    prompt_loader: Any = None    # this rank's PromptLoader (engine owners): DAPO draws more prompts from it
 
     def record(self, **values) -> None:
         self.metrics.update({k: float(v) for k, v in values.items()})
