@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distflow.coordination.data.balance import (
-    balanced_assignment, balanced_partition, imbalance, largest_differencing, loads_of, micro_batches)
+    balanced_assignment, balanced_partition, equal_count_assignment, imbalance, largest_differencing, loads_of,
+    micro_batches)
 
 
 def test_largest_differencing_by_hand():
@@ -99,3 +100,32 @@ def test_micro_batches_by_count_and_by_token_budget():
     assert micro_batches([], count=2)[0].size == 0
     with pytest.raises(ValueError, match="item 0 weighs 900 tokens, more than max_weight=500"):
         micro_batches(weights, max_weight=500)
+
+
+def test_equal_count_by_hand():
+    # {8,7,6,5,4,2} into 2 bins of 3 items: longest first 8|7, 6 -> 7's bin, 5 -> 8's, 4 -> 13, then 2:
+    # 8+5+2=15 | 7+6+4=17; one swap evens it to 16 | 16.
+    w = [8, 7, 6, 5, 4, 2]
+    labels = equal_count_assignment(w, [-1] * 6, 2)
+    assert np.bincount(labels).tolist() == [3, 3]
+    assert sorted(loads_of(w, labels, 2)) == [16, 16]
+
+
+def test_equal_count_keeps_balanced_homes():
+    w, home = [5, 4, 4, 5], [0, 1, 0, 1]  # 9 | 9 already
+    assert equal_count_assignment(w, home, 2).tolist() == home
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 12), st.integers(0, 2**31 - 1))
+def test_equal_count_long_tail(k, per_bin, seed):
+    """Equal counts always; on long-tailed lengths within one longest item of the mean, with most weight
+    kept at home when the homes were nearly balanced."""
+    rng = np.random.default_rng(seed)
+    n = k * per_bin
+    w = np.minimum(64 + rng.pareto(1.2, n) * 300, 4096).astype(np.int64)
+    home = rng.integers(0, k, n)
+    labels = equal_count_assignment(w, home, k)
+    assert (np.bincount(labels, minlength=k) == per_bin).all()
+    loads = loads_of(w, labels, k)
+    assert loads.max() <= max(loads.mean() * 1.01, loads.mean() + w.max()) + 1e-9

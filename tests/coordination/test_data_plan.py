@@ -1,6 +1,7 @@
 """Data plan properties over many layout pairs and batches: every sample reaches exactly the ranks that
 need it, once, with only the fields their pipeline stage uses; groups stay whole; local copies never
 move; and the plan, run through the real pack/unpack code in one process, gives each rank its exact view."""
+import pytest
 import numpy as np
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -8,7 +9,7 @@ from hypothesis import strategies as st
 
 from data_cases import FIELDS, expected_view, simulate, synthetic_batches
 from distflow.coordination.data import (
-    FieldPlacement, FieldSchema, PlacedLayout, SampleTable, is_identity, plan_redistribution)
+    DataPlanError, FieldPlacement, FieldSchema, PlacedLayout, SampleTable, is_identity, plan_redistribution)
 from distflow.layout import ParallelLayout, Placement
 
 SCHEMA = {"input_ids": FieldSchema(torch.int64), "old_logprobs": FieldSchema(torch.float32),
@@ -55,10 +56,10 @@ def cases(draw):
                         {"input_ids": lengths, "old_logprobs": lengths, "advantages": lengths // 2 + 1,
                          "attention_mask": lengths}, {h: SCHEMA for h in set(holders)})
     rules = {name: draw(st.sampled_from(["first", "last", "all"])) for name in SCHEMA}
-    return producer, consumer, table, FieldPlacement(rules), draw(st.booleans())
+    return producer, consumer, table, FieldPlacement(rules), draw(st.booleans()), draw(st.booleans())
 
 
-def _assert_plan_is_exact(producer, consumer, table, fields, keep_groups, plan):
+def _assert_plan_is_exact(producer, consumer, table, fields, keep_groups, plan, equal_rows=False):
     order = np.argsort(table.sample_ids)
     t = plan.table
     assert np.array_equal(t.sample_ids, table.sample_ids[order]) and np.array_equal(t.holders, table.holders[order])
@@ -99,22 +100,37 @@ def _assert_plan_is_exact(producer, consumer, table, fields, keep_groups, plan):
     # Balance: within tolerance, or no worse than one item above the mean (refined largest differencing).
     items = [t.lengths[t.groups == g].sum() for g in np.unique(t.groups)] if keep_groups else t.lengths
     loads = plan.dp_tokens()
+    if equal_rows:  # the training layouts' constraint: the same number of samples on every DP rank
+        assert len(set(np.bincount(plan.assignment, minlength=dp).tolist())) == 1
     if len(t):
-        assert loads.max() <= max(loads.mean() * 1.01, loads.mean() + max(items)) + 1e-9
+        # Equal counts leave swaps only: a looser bound (two items above the mean).
+        assert loads.max() <= max(loads.mean() * 1.01, loads.mean() + (2 if equal_rows else 1) * max(items)) + 1e-9
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_every_sample_reaches_exactly_the_ranks_that_need_it(case):
-    producer, consumer, table, fields, keep_groups = case
-    plan = plan_redistribution(producer, consumer, table, fields, keep_groups=keep_groups, node="train")
-    if is_identity(producer, consumer):
+    producer, consumer, table, fields, keep_groups, equal_rows = case
+    units = len(np.unique(table.groups)) if keep_groups else len(table)
+    moves = not is_identity(producer, consumer)
+    if not moves and equal_rows and len(table):  # left in place, would the DP ranks get equal rows?
+        rows = np.bincount([consumer.dp_of(int(h)) for h in table.holders], minlength=consumer.layout.dp)
+        moves = len(set(rows.tolist())) > 1
+    if equal_rows and moves and units % consumer.layout.dp:
+        with pytest.raises(DataPlanError, match="do not split equally"):
+            plan_redistribution(producer, consumer, table, fields, keep_groups=keep_groups, node="train",
+                                equal_rows=True)
+        return
+    plan = plan_redistribution(producer, consumer, table, fields, keep_groups=keep_groups, node="train",
+                               equal_rows=equal_rows)
+    if not moves:
         assert plan.identity and plan.moved_bytes == 0 and not plan.transfers
         return
-    _assert_plan_is_exact(producer, consumer, table, fields, keep_groups, plan)
+    _assert_plan_is_exact(producer, consumer, table, fields, keep_groups, plan, equal_rows)
     # Pure: the same metadata in any order gives the same plan.
     shuffled = table.take(np.random.default_rng(len(table)).permutation(len(table)))
-    again = plan_redistribution(producer, consumer, shuffled, fields, keep_groups=keep_groups, node="train")
+    again = plan_redistribution(producer, consumer, shuffled, fields, keep_groups=keep_groups, node="train",
+                                equal_rows=equal_rows)
     assert np.array_equal(again.assignment, plan.assignment)
     assert [(t.src, t.dst, t.positions.tolist(), t.nbytes) for t in again.transfers] == \
            [(t.src, t.dst, t.positions.tolist(), t.nbytes) for t in plan.transfers]

@@ -74,9 +74,11 @@ def _leaves(tree) -> list[int]:
     return out
 
 
-def refine(weights, labels: np.ndarray, k: int, base_loads=None, max_steps: int = 10_000) -> np.ndarray:
+def refine(weights, labels: np.ndarray, k: int, base_loads=None, max_steps: int = 10_000,
+           swaps_only: bool = False) -> np.ndarray:
     """Local search on `labels` (in place): moves one item, or swaps two, between the heaviest bin and a
-    lighter one while that lowers the heavier of the two. Each step lowers the sum of squared loads, so it
+    lighter one while that lowers the heavier of the two (swaps_only: never moves one, so every bin keeps
+    its item count). Each step lowers the sum of squared loads, so it
     ends; at the end no single item of the heaviest bin fits in the gap to the lightest, which bounds the
     heaviest bin by mean + largest item (plus any pinned excess in base_loads)."""
     w = np.asarray(weights, dtype=np.float64)
@@ -92,7 +94,7 @@ def refine(weights, labels: np.ndarray, k: int, base_loads=None, max_steps: int 
             gap = loads[heavy] - loads[light]
             if gap <= 0 or not in_heavy.size:
                 break
-            best = _best_exchange(w, in_heavy, w_heavy, np.flatnonzero(labels == light), gap)
+            best = _best_exchange(w, in_heavy, w_heavy, np.flatnonzero(labels == light), gap, swaps_only)
             if best is not None:
                 x, y = best
                 delta = w[x] - (w[y] if y is not None else 0)
@@ -108,10 +110,10 @@ def refine(weights, labels: np.ndarray, k: int, base_loads=None, max_steps: int 
     return labels
 
 
-def _best_exchange(w, in_heavy, w_heavy, in_light, gap):
+def _best_exchange(w, in_heavy, w_heavy, in_light, gap, swaps_only=False):
     """The move (x, None) or swap (x, y) whose transferred weight is in (0, gap) and closest to gap / 2."""
     best, best_err = None, math.inf
-    ok = (w_heavy > 0) & (w_heavy < gap)
+    ok = (w_heavy > 0) & (w_heavy < gap) & (not swaps_only)
     if ok.any():
         cand = np.flatnonzero(ok)
         i = cand[np.argmin(np.abs(w_heavy[cand] - gap / 2))]
@@ -162,6 +164,50 @@ def balanced_assignment(weights, home, k: int, tolerance: float = 0.01) -> np.nd
     labels = _match_homes(balanced_partition(w, k), w, home, k)
     candidates.append((imbalance(loads_of(w, labels, k)), int(w[labels != home].sum()), len(candidates), labels))
     return min(candidates, key=lambda c: c[:3])[3]
+
+
+def equal_count_assignment(weights, home, k: int, tolerance: float = 0.01) -> np.ndarray:
+    """Like balanced_assignment, but every bin gets exactly len(weights) / k items (which must divide).
+
+    Why: Megatron's data-parallel ranks each run the same number of rows per optimizer step (their
+    gradients are all-reduced together), so a training layout's DP ranks need equal row counts, and
+    balance can only come from which rows, not how many. Locality first: items stay home except the
+    smallest of over-full bins (and homeless ones), which fill the bins with room, longest first into the
+    lightest; swaps then balance. If that misses the tolerance, a fresh longest-first partition (bins
+    renamed to keep weight home) is tried too and the better-balanced one wins.
+    """
+    w = np.asarray(weights, dtype=np.int64)
+    home = np.asarray(home, dtype=np.int64)
+    n = len(w)
+    assert n % k == 0, f"{n} items do not split equally over {k} bins"
+    cap = n // k
+    labels = home.copy()
+    for d in range(k):  # over-full bins keep their cap largest items
+        idx = np.flatnonzero(home == d)
+        if len(idx) > cap:
+            smallest_first = idx[np.lexsort((idx, w[idx]))]
+            labels[smallest_first[:len(idx) - cap]] = -1
+    local = _fill_and_swap(w, labels, k, cap)
+    if imbalance(loads_of(w, local, k)) <= 1 + tolerance:
+        return local
+    fresh = _fill_and_swap(w, np.full(n, -1, dtype=np.int64), k, cap)
+    if (home >= 0).any():
+        fresh = _match_homes(fresh, w, home, k)
+    return min((local, fresh), key=lambda l: (imbalance(loads_of(w, l, k)), int(w[l != home].sum())))
+
+
+def _fill_and_swap(w, labels, k, cap):
+    """Unlabelled (-1) items into the lightest bin with room, longest first; then count-keeping swaps."""
+    labels = labels.copy()
+    placed = labels >= 0
+    loads = loads_of(w[placed], labels[placed], k)
+    counts = np.bincount(labels[placed], minlength=k)[:k].astype(np.int64)
+    free = np.flatnonzero(~placed)
+    for i in free[np.argsort(-w[free], kind="stable")]:
+        room = np.flatnonzero(counts < cap)
+        b = room[np.argmin(loads[room])]
+        labels[i], loads[b], counts[b] = b, loads[b] + w[i], counts[b] + 1
+    return refine(w, labels, k, swaps_only=True)
 
 
 def _shed_and_fill(w, home, k, cap):

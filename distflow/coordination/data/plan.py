@@ -205,15 +205,18 @@ def is_identity(producer: PlacedLayout, consumer: PlacedLayout) -> bool:
 
 def plan_redistribution(producer: PlacedLayout, consumer: PlacedLayout, table: Optional[SampleTable],
                         fields: FieldPlacement, *, keep_groups: bool = True, tolerance: float = 0.01,
-                        node: str = "?") -> RedistributionPlan:
+                        node: str = "?", equal_rows: Optional[bool] = None) -> RedistributionPlan:
     """Plans moving a node's data from the producer layout to the consumer layout.
 
     table: every holder's per-sample metadata (None is allowed only when is_identity). keep_groups: a
     prompt's group goes whole to one consumer DP rank (and must be produced whole on one holder).
     tolerance: accepted token imbalance (max/mean - 1) across consumer DP ranks, traded for fewer moves.
+    equal_rows: every consumer DP rank gets the same number of samples (default: for training layouts,
+    whose DP ranks step their optimizers together; see balance.equal_count_assignment).
     Raises DataPlanError for metadata that does not fit.
     """
-    if is_identity(producer, consumer):
+    equal_rows = consumer.replicated if equal_rows is None else equal_rows
+    if is_identity(producer, consumer) and not (equal_rows and _unequal_rows(table, consumer)):
         return RedistributionPlan(node, producer, consumer, fields, {}, None, np.zeros(0, np.int64), True,
                                   keep_groups)
     if table is None:
@@ -222,7 +225,11 @@ def plan_redistribution(producer: PlacedLayout, consumer: PlacedLayout, table: O
     schema = _check_table(table, producer, fields, node)
     table = table.take(np.argsort(table.sample_ids, kind="stable"))
     items, weights, homes = _items(table, consumer, keep_groups, node)
-    item_dp = balance.balanced_assignment(weights, homes, consumer.layout.dp, tolerance)
+    if equal_rows:
+        _check_equal_split(items, len(weights), consumer.layout.dp, keep_groups, node)
+        item_dp = balance.equal_count_assignment(weights, homes, consumer.layout.dp, tolerance)
+    else:
+        item_dp = balance.balanced_assignment(weights, homes, consumer.layout.dp, tolerance)
     return RedistributionPlan(node, producer, consumer, fields, schema, table, item_dp[items], False, keep_groups)
 
 
@@ -277,6 +284,27 @@ def _check_table(table: SampleTable, producer: PlacedLayout, fields: FieldPlacem
             raise DataPlanError(node, f"sample {int(table.sample_ids[i])} on rank {int(table.holders[i])} has no "
                                       f"rows for field {name!r}", key=name, rank=int(table.holders[i]))
     return {n: schema[n] for n in fields.names if n in schema}
+
+
+def _unequal_rows(table: Optional[SampleTable], consumer: PlacedLayout) -> bool:
+    """Whether the samples, left where they are, give the consumer's DP ranks different row counts (e.g.
+    DAPO's filter kept more groups on one engine than another): then even the identity layout moves."""
+    if table is None or not len(table):
+        return False
+    dp_of_holder = np.array([consumer.dp_of(int(r)) for r in table.holders], dtype=np.int64)
+    return len(set(np.bincount(dp_of_holder, minlength=consumer.layout.dp).tolist())) > 1
+
+
+def _check_equal_split(items: np.ndarray, num_items: int, dp: int, keep_groups: bool, node: str) -> None:
+    sizes = np.bincount(items, minlength=num_items)
+    unit = "groups" if keep_groups else "samples"
+    if len(set(sizes.tolist())) > 1:
+        raise DataPlanError(node, f"groups have different sizes {sorted(set(sizes.tolist()))}; equal rows per "
+                                  "data-parallel rank (a training layout) need equal groups")
+    if num_items % dp:
+        raise DataPlanError(node, f"{num_items} {unit} do not split equally over the consumer's {dp} data-parallel "
+                                  f"ranks (a training layout needs equal rows per rank): make the batch's {unit} a "
+                                  f"multiple of {dp}")
 
 
 def _items(table: SampleTable, consumer: PlacedLayout, keep_groups: bool, node: str):
