@@ -62,11 +62,13 @@ def run(ctx) -> None:
 
     if cfg.trainer.sft_warmup_steps:
         from distflow.nodes.sync import sync_weights
-        from distflow.nodes.warmup import sft_warmup
+        from distflow.nodes.warmup import reference_from_actor, sft_warmup
 
         losses = sft_warmup(node_ctx, train_set, cfg.trainer.sft_warmup_steps, cfg.data.train_batch_size,
                             cfg.trainer.seed)
         sync_weights(node_ctx, {})
+        if node_ctx.ref is not None:
+            reference_from_actor(node_ctx)
         ctx.log(f"supervised warm-up: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
     for step in range(1, cfg.trainer.total_steps + 1):

@@ -1,7 +1,7 @@
 """REINFORCE++ (KL to the reference as a reward penalty) and REINFORCE++-baseline (KL as a loss term) end to
 end: `distflow.train` on 2 CPU processes with the real Megatron-Core actor and reference at TP=2 and one real
-SGLang engine per rank, for a few steps from the untouched checkpoint (no warm-up), so at step 1 actor,
-reference and engines hold the same weights. Invariants checked (as slime's CI does):
+SGLang engine per rank, for a few steps, so at step 1 actor, reference and engines hold the same weights
+(with a supervised warm-up, the warmed-up actor becomes the reference). Invariants checked (as slime's CI does):
   step 1: the KL to the reference is exactly 0 and the actor's recomputed log-probs match the engine's;
   later: the KL is > 0, and it sits in the loss or in the reward as configured."""
 import json
@@ -56,8 +56,9 @@ def _train(inputs, name: str, steps: int, overrides: list[str]) -> list[dict]:
 
 @pytest.mark.slow
 def test_reinforce_pp_with_the_kl_penalty_in_the_reward(inputs):
+    # Two warm-up steps first: the reference must then be the warmed-up actor for the step-1 KL to be 0.
     rows = _train(inputs, "reinforce_pp", 3, ["algorithm.adv_estimator=reinforce_pp", "algorithm.kl_in_reward=true",
-                                               "algorithm.gamma=0.99"])
+                                               "algorithm.gamma=0.99", "trainer.sft_warmup_steps=2"])
     assert rows[0]["reward/kl_penalty"] == 0.0, rows[0]
     assert rows[-1]["reward/kl_penalty"] > 0.0, rows[-1]
     for row in rows:  # the KL is in the reward, not in the loss (no entropy term either)
