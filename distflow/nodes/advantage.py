@@ -19,7 +19,6 @@ from distflow.coordination.data import PackedBatch
 from distflow.nodes.context import from_padded, to_padded
 
 OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
-TOKEN_LEVEL_ESTIMATORS = ("reinforce_pp", "gae")
 
 
 def compute(ctx, inputs):
@@ -80,10 +79,10 @@ def _token_level(ctx, inputs, values):
         ref = inputs.get("ref_logprobs")
         if ref is None:
             raise ValueError("algorithm.kl_in_reward needs the reference's log-probs: set ref.enable=true")
-        token_rewards = apply_kl_penalty(token_rewards, inputs["old_logprobs"], ref, a.kl_coef, a.kl_estimator,
-                                         mask)
-        kl = (outcome_token_rewards(rewards.fields["rewards"].float(), mask) - token_rewards) / a.kl_coef
-        ctx.record(**{"reward/kl_penalty": _global_masked_mean(kl, mask).item()})
+        outcome = token_rewards
+        token_rewards = apply_kl_penalty(outcome, inputs["old_logprobs"], ref, a.kl_coef, a.kl_estimator, mask)
+        # The mean per-token KL the penalty subtracted (before kl_coef): 0 while the policy is the reference.
+        ctx.record(**{"reward/kl_penalty": _global_masked_mean((outcome - token_rewards) / a.kl_coef, mask).item()})
     if values is None:
         raw, returns = adv.reinforce_pp_advantages(token_rewards, mask, a.gamma, whiten=False)
     else:
