@@ -22,12 +22,15 @@ def run(ctx) -> None:
     from distflow.data.loader import PromptLoader
     from distflow.data.prompts import PromptDataset
     from distflow.nodes.context import NodeContext
+    from distflow.pipelines import check_algorithm
     from distflow.rewards.pool import RewardPool
     from distflow.tracking.tracker import Tracker
     from distflow.workers.megatron.worker import MegatronWorker
     from distflow.workers.rollout.worker import RolloutWorker
 
     cfg, cluster, placement = ctx.cfg, ctx.cluster, ctx.cluster.placement
+    check_algorithm(cfg)
+    pipeline = load_pipeline(cfg)
     out_dir = Path(cfg.trainer.output_dir)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
     n = cfg.rollout.n
@@ -44,6 +47,8 @@ def run(ctx) -> None:
         from distflow.nodes.reward_model_setup import build_reward_model
 
         node_ctx.reward_model = build_reward_model(cfg, cluster.reward_model, tokenizer, ctx.device)
+    if any(node.role == "critic" for node in pipeline.nodes):
+        node_ctx.critic = _build_critic(cfg, cluster, ctx.device)
     node_ctx.rollout = RolloutWorker(cfg, placement, ctx.rank, cfg.model.path)
     train_set = PromptDataset.from_config(cfg.data, tokenizer, "train")
     val_set = PromptDataset.from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None
@@ -53,7 +58,6 @@ def run(ctx) -> None:
         loader = PromptLoader.from_config(cfg.data, train_set, node_ctx.rollout.engine_index, placement.num_engines)
     node_ctx.prompt_loader = loader  # dynamic sampling draws its extra rounds from the same data order
     tracker = Tracker(cfg.tracking, out_dir, rank=ctx.rank, config=_as_dict(cfg))
-    pipeline = load_pipeline(cfg)
     coordinator = DataCoordinator(timeout_s=cfg.trainer.dist_timeout_s)
     failure = FailureSignal.from_default_group().start()
     controller = RankController(pipeline, node_ctx, ctx.rank, ranks_of_role(cluster),
@@ -63,11 +67,13 @@ def run(ctx) -> None:
 
     if cfg.trainer.sft_warmup_steps:
         from distflow.nodes.sync import sync_weights
-        from distflow.nodes.warmup import sft_warmup
+        from distflow.nodes.warmup import reference_from_actor, sft_warmup
 
         losses = sft_warmup(node_ctx, train_set, cfg.trainer.sft_warmup_steps, cfg.data.train_batch_size,
                             cfg.trainer.seed)
         sync_weights(node_ctx, {})
+        if node_ctx.ref is not None:
+            reference_from_actor(node_ctx)
         ctx.log(f"supervised warm-up: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
     for step in range(1, cfg.trainer.total_steps + 1):
@@ -132,6 +138,25 @@ def _mean_over_ranks(metrics: dict) -> dict:
         for k, v in m.items():
             merged.setdefault(k, []).append(v)
     return {k: sum(v) / len(v) for k, v in merged.items()}
+
+
+def _build_critic(cfg, cluster, device: str):
+    """The critic: a MegatronWorker with a value head, trained with its own optimizer (cfg.critic)."""
+    from distflow.config import ConfigError
+    from distflow.workers.megatron.worker import MegatronWorker
+
+    if cluster.critic is None:
+        raise ConfigError("the pipeline has critic nodes but there is no critic: set critic.enable=true")
+    if cluster.critic != cluster.actor:
+        # Megatron-Core keeps one set of process groups per process, built for the actor's layout.
+        raise ConfigError(f"critic layout {cluster.critic.describe()} differs from the actor's "
+                          f"{cluster.actor.describe()}; give the critic the actor's parallel sizes "
+                          "(critic.tp/pp/vpp/cp/ep/etp = actor's)")
+    mini = cfg.critic.mini_batch_size or cfg.data.train_batch_size
+    updates_per_step = cfg.critic.ppo_epochs * (cfg.data.train_batch_size // mini)
+    return MegatronWorker("critic", _with_mini_batch(cfg.critic, mini), cfg.model, cluster.critic, device,
+                          samples_per_prompt=cfg.rollout.n,
+                          total_optimizer_steps=cfg.trainer.total_steps * updates_per_step, seed=cfg.trainer.seed)
 
 
 def _with_mini_batch(actor_cfg, mini: int):

@@ -82,12 +82,14 @@ def discounted_returns(token_rewards: torch.Tensor, response_mask: torch.Tensor,
 
 @torch.no_grad()
 def reinforce_pp_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor,
-                            gamma: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                            gamma: float = 1.0, whiten: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: token-level discounted returns of `token_rewards` (outcome reward on the last token, minus
     any KL penalty), whitened over the whole batch under the mask. Returns (advantages, returns).
+    `whiten=False` returns the returns unwhitened as advantages, for a caller that whitens over a batch
+    spread across ranks (distflow.nodes.advantage).
     """
     returns = discounted_returns(token_rewards, response_mask, gamma)
-    return masked_whiten(returns, response_mask), returns
+    return (masked_whiten(returns, response_mask) if whiten else returns.clone()), returns
 
 
 @torch.no_grad()
@@ -104,19 +106,20 @@ def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_ids: GroupIds,
 
 @torch.no_grad()
 def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
-                   gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                   gamma: float = 1.0, lam: float = 1.0, whiten: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over the response tokens. Returns (advantages, returns).
 
     delta_t = r_t + gamma * V_next - V_t and A_t = delta_t + gamma * lam * A_next, where "next" is the next
     response token (V_next = A_next = 0 after the last: the episode ends). returns = A + V, before whitening,
     are the critic's targets; the advantages are then whitened over the batch under the mask.
-    With gamma = lam = 1, A_t = (sum of rewards from t on) - V_t.
+    With gamma = lam = 1, A_t = (sum of rewards from t on) - V_t. `whiten=False` leaves the advantages raw,
+    for a caller that whitens over a batch spread across ranks (distflow.nodes.advantage).
     """
     token_rewards = _as_float(token_rewards)
     values = values.to(token_rewards.dtype)
     advantages = _generalised_advantages(token_rewards, values, response_mask, gamma, lam)
     returns = torch.where(response_mask.bool(), advantages + values, 0)
-    return masked_whiten(advantages, response_mask), returns
+    return (masked_whiten(advantages, response_mask) if whiten else advantages), returns
 
 
 def compute_advantages(config, token_rewards: torch.Tensor, response_mask: torch.Tensor,

@@ -12,8 +12,10 @@ N = "distflow.nodes"
 # worker cuts micro-batches from whole rows on each rank of a replica (the last stage reads the tokens
 # as labels, the first embeds them).
 _SAMPLES = {"input_ids": "all", "response_mask": "all", "rollout_logprobs": "all"}
+# Token-level advantages, values and returns are ragged like input_ids (one row per token).
 FIELDS = {"samples": _SAMPLES, "kept_samples": _SAMPLES, "rewards": {"rewards": "all"},
-          "kept_rewards": {"rewards": "all"}, "advantages": {"advantages": "all"}}
+          "kept_rewards": {"rewards": "all"}, "advantages": {"advantages": "all"}, "values": {"values": "all"},
+          "returns": {"returns": "all"}}
 
 
 def _head(p: Pipeline, cfg: DistFlowConfig) -> Pipeline:
@@ -34,23 +36,44 @@ def _head(p: Pipeline, cfg: DistFlowConfig) -> Pipeline:
     return p
 
 
-def _outcome_inputs(cfg: DistFlowConfig, src: str) -> list[str]:
-    """Inputs of an advantage node: a role-"all" node runs in the layout of its first input, which must be
-    where the rewards are (model rewards are made in the training layout, rule rewards with the samples)."""
-    return ["rewards", src] if cfg.reward.model_path else [src, "rewards"]
+def _outcome_inputs(cfg: DistFlowConfig, src: str, rewards: str) -> list[str]:
+    """Inputs of an outcome-advantage node: a role-"all" node runs in the layout of its first input, which
+    must be where the rewards are (model rewards are made in the training layout, rule rewards with the
+    samples)."""
+    return [rewards, src] if cfg.reward.model_path else [src, rewards]
+
+
+def _uses_ref(cfg: DistFlowConfig) -> bool:
+    return cfg.algorithm.kl_coef > 0 and cfg.ref.enable
 
 
 def _logprobs(p: Pipeline, cfg: DistFlowConfig, src: str) -> None:
     p.add("old_logprob", "actor", f"{N}.logprob:actor_logprobs", [src], ["old_logprobs"],
           doc="the actor's log-probs before the update (Megatron forward, training layout)")
-    if cfg.algorithm.kl_coef > 0 and cfg.ref.enable:
+    if _uses_ref(cfg):
+        kl_use = "reward penalty" if cfg.algorithm.kl_in_reward else "loss term"
         p.add("ref_logprob", "ref", f"{N}.logprob:ref_logprobs", [src], ["ref_logprobs"],
-              doc="the frozen reference's log-probs, for the KL term")
+              doc=f"the frozen reference's log-probs, for the KL {kl_use} (kl_coef={cfg.algorithm.kl_coef})")
+
+
+def _advantage(p: Pipeline, cfg: DistFlowConfig, src: str, rewards: str) -> None:
+    """The advantage node for algorithm.adv_estimator: outcome estimators where the samples were scored
+    (groups whole), REINFORCE++ token-level on the actor's layout (where the log-probs for its KL are)."""
+    estimator = cfg.algorithm.adv_estimator
+    if estimator == "reinforce_pp":
+        inputs = ["old_logprobs", src, rewards] + (["ref_logprobs"] if _uses_ref(cfg) else [])
+        p.add("advantage", "actor", f"{N}.advantage:token_level", inputs, ["advantages"],
+              doc=f"REINFORCE++: discounted returns (gamma={cfg.algorithm.gamma})"
+                  + (", KL penalty in the reward" if cfg.algorithm.kl_in_reward else "") + ", whitened over the batch")
+    else:
+        p.add("advantage", "all", f"{N}.advantage:compute", _outcome_inputs(cfg, src, rewards), ["advantages"],
+              keep_groups=True,
+              doc=f"outcome advantages per sample ({estimator})")
 
 
 def _tail(p: Pipeline, cfg: DistFlowConfig, src: str) -> Pipeline:
     inputs = [src, "advantages", "old_logprobs"]
-    if cfg.algorithm.kl_coef > 0 and cfg.ref.enable:
+    if _uses_ref(cfg):
         inputs.append("ref_logprobs")
     p.add("train_actor", "actor", f"{N}.train:train_actor", inputs, ["actor_metrics"],
           doc="policy update: mini-batches, token-budget micro-batches, clipping")
@@ -62,20 +85,22 @@ def _tail(p: Pipeline, cfg: DistFlowConfig, src: str) -> Pipeline:
 def grpo(cfg: DistFlowConfig, name: str = "grpo") -> Pipeline:
     p = _head(Pipeline(name, fields=FIELDS), cfg)
     _logprobs(p, cfg, "samples")
-    p.add("advantage", "all", f"{N}.advantage:compute", _outcome_inputs(cfg, "samples"), ["advantages"],
-          keep_groups=True,
-          doc=f"group-normalised advantages ({cfg.algorithm.adv_estimator})")
+    _advantage(p, cfg, "samples", "rewards")
     return _tail(p, cfg, "samples")
 
 
 def ppo(cfg: DistFlowConfig) -> Pipeline:
     p = _head(Pipeline("ppo", fields=FIELDS), cfg)
     _logprobs(p, cfg, "samples")
-    p.add("values", "critic", f"{N}.logprob:critic_values", ["samples"], ["values"], doc="critic forward")
-    p.add("advantage", "all", f"{N}.advantage:compute", ["samples", "rewards", "values"], ["advantages", "returns"],
-          doc="GAE advantages and returns")
-    p.add("train_critic", "critic", f"{N}.train:train_critic", ["samples", "values", "returns"], ["critic_metrics"],
-          doc="value update with clipping")
+    p.add("values", "critic", f"{N}.critic:critic_values", ["samples"], ["values"],
+          doc="critic forward: a value per response token")
+    inputs = ["old_logprobs", "samples", "rewards", "values"] + (["ref_logprobs"] if _uses_ref(cfg) else [])
+    a = cfg.algorithm
+    p.add("advantage", "actor", f"{N}.advantage:gae", inputs, ["advantages", "returns"],
+          doc=f"GAE (gamma={a.gamma}, lam={a.lam}) advantages, whitened over the batch, and the critic's returns"
+              + ("; KL penalty in the reward" if a.kl_in_reward and _uses_ref(cfg) else ""))
+    p.add("train_critic", "critic", f"{N}.critic:train_critic", ["samples", "values", "returns"], ["critic_metrics"],
+          doc=f"value update, clipped to algorithm.value_clip={a.value_clip} around the old values")
     return _tail(p, cfg, "samples")
 
 

@@ -5,8 +5,11 @@ from distflow.nodes.context import to_padded
 
 def train_actor(ctx, inputs):
     batch = to_padded(inputs["samples"])
-    adv_rows = inputs["advantages"].sorted_by_id().fields["advantages"]
-    batch["advantages"] = adv_rows[:, None] * batch["response_mask"]
+    advantages = inputs["advantages"]
+    if "advantages" in advantages.row_counts:  # token-level (GAE, REINFORCE++), aligned with input_ids
+        batch["advantages"] = to_padded(advantages)["advantages"] * batch["response_mask"]
+    else:  # one outcome advantage per sample, on each of its response tokens
+        batch["advantages"] = advantages.sorted_by_id().fields["advantages"][:, None] * batch["response_mask"]
     batch["old_logprobs"] = inputs["old_logprobs"]
     if "ref_logprobs" in inputs:
         batch["ref_logprobs"] = inputs["ref_logprobs"]

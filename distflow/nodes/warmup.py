@@ -41,3 +41,11 @@ def sft_warmup(node_ctx, dataset, steps: int, batch_size: int, seed: int) -> lis
 
         losses.append(float(node_ctx.actor.train_step(batch, loss_fn)["loss"]))
     return losses
+
+
+def reference_from_actor(node_ctx) -> None:
+    """Makes the warmed-up actor the KL reference: RL's KL term measures the distance from the policy RL
+    starts from, not from the random weights before the warm-up. The reference shares the actor's layout
+    (one set of Megatron groups per process), so each rank copies its own shards, parameter for parameter."""
+    for actor_chunk, ref_chunk in zip(node_ctx.actor.chunks, node_ctx.ref.chunks, strict=True):
+        ref_chunk.load_state_dict(actor_chunk.state_dict(), strict=True)

@@ -72,6 +72,8 @@ def test_reinforce_pp_by_hand():
     torch.testing.assert_close(returns, torch.tensor([[0.25, 0.5, 1.0], [1.0, 2.0, 0.0]]))
     deviations = torch.tensor([[-0.7, -0.45, 0.05], [0.05, 1.05, 0.0]])
     torch.testing.assert_close(advantages, deviations / 0.45 ** 0.5)
+    unwhitened, _ = reinforce_pp_advantages(token_rewards, mask, gamma=0.5, whiten=False)
+    torch.testing.assert_close(unwhitened, returns)
 
 
 def test_masked_holes_are_not_steps():
@@ -105,6 +107,9 @@ def test_gae_by_hand():
     raw = torch.tensor([[0.21712, 0.246, 0.3], [0.592, 0.6, 0.0]], dtype=torch.float64)
     torch.testing.assert_close(returns, torch.where(mask.bool(), raw + values, 0.0))
     torch.testing.assert_close(advantages, masked_whiten(raw, mask))
+    unwhitened, same_returns = gae_advantages(token_rewards, values, mask, gamma=0.9, lam=0.8, whiten=False)
+    torch.testing.assert_close(unwhitened, raw)
+    torch.testing.assert_close(same_returns, returns)
 
 
 @settings(max_examples=40, deadline=None)

@@ -1,0 +1,68 @@
+"""2 ranks (gloo, Megatron groups tp=1 dp=2): each holds half of a batch; the advantage nodes' whitening
+over both ranks must give what one process gives on the whole batch. Exits non-zero on a mismatch."""
+import sys
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0] + "/..")
+from test_advantage_nodes import _ctx, _rewards, _samples  # noqa: E402
+
+from distflow import distributed  # noqa: E402
+from distflow.coordination.data import PackedBatch  # noqa: E402
+from distflow.layout import ParallelLayout, Placement  # noqa: E402
+from distflow.nodes import advantage  # noqa: E402
+from distflow.nodes.context import from_padded, to_padded  # noqa: E402
+
+REWARDS = [1.0, 0.0, 0.5, 0.25]
+
+
+def main():
+    env = distributed.init_process_group("cpu", 120)
+    distributed.initialize_megatron_groups(ParallelLayout.for_world(2, tp=1), Placement.create("colocated", 2, 1, 0),
+                                           120)
+    samples = _samples()
+    rewards = _rewards(samples, REWARDS)
+    values = torch.randn(to_padded(samples)["input_ids"].shape, generator=torch.Generator().manual_seed(3))
+    values = from_padded(samples, {"values": values})
+    # Rank r holds samples 2r and 2r + 1 (positions in the batch as built).
+    mine = [2 * env.rank, 2 * env.rank + 1]
+    local = samples.select(mine)
+    by_id = {int(i): k for k, i in enumerate(values.sample_ids)}
+    local_values = values.select([by_id[int(samples.sample_ids[k])] for k in mine])
+    ctx = _ctx(adv_estimator="gae", gamma=0.9, lam=0.8)
+    split = advantage.gae(ctx, {"samples": local, "rewards": rewards.select(mine), "values": local_values,
+                                "old_logprobs": None})["advantages"]
+    ctx = _ctx(adv_estimator="reinforce_pp_baseline")
+    outcome = advantage.compute(ctx, {"samples": local, "rewards": rewards.select(mine)})["advantages"]
+    gathered = [None, None]
+    dist.all_gather_object(gathered, (split, outcome))
+
+    # The same nodes on one "rank" holding everything: no collective (a process group of its own).
+    whole_gae = _single(lambda: advantage.gae(_ctx(adv_estimator="gae", gamma=0.9, lam=0.8),
+                                              {"samples": samples, "rewards": rewards, "values": values,
+                                               "old_logprobs": None})["advantages"])
+    whole_out = _single(lambda: advantage.compute(_ctx(adv_estimator="reinforce_pp_baseline"),
+                                                  {"samples": samples, "rewards": rewards})["advantages"])
+    joined_gae = PackedBatch.concat([g[0] for g in gathered]).sorted_by_id()
+    joined_out = PackedBatch.concat([g[1] for g in gathered]).sorted_by_id()
+    torch.testing.assert_close(to_padded(joined_gae)["advantages"], to_padded(whole_gae)["advantages"])
+    torch.testing.assert_close(joined_out.fields["advantages"], whole_out.sorted_by_id().fields["advantages"])
+    if env.rank == 0:
+        print("WHITEN OK", flush=True)
+    dist.destroy_process_group()
+
+
+def _single(fn):
+    """Runs fn as if no process group existed (the node then whitens over its own batch)."""
+    real = advantage.dist.is_initialized
+    advantage.dist.is_initialized = lambda: False
+    try:
+        return fn()
+    finally:
+        advantage.dist.is_initialized = real
+
+
+if __name__ == "__main__":
+    main()
