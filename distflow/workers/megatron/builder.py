@@ -23,6 +23,8 @@ class GPTBuildSpec:
     tie_embeddings: bool
     rotary_base: float
     layer_spec: object
+    rope_scaling: bool = False  # Llama 3.1's "llama3" frequency scaling (distflow.models.spec.check_rope_scaling)
+    rope_scaling_factor: float = 8.0
 
 
 def transformer_config(spec, hf_config: dict, role_cfg: MegatronRoleConfig, dtype: torch.dtype, device: str):
@@ -92,7 +94,8 @@ def build_model_chunks(config, build: GPTBuildSpec, untie_output: bool = False) 
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
             share_embeddings_and_output_weights=build.tie_embeddings and not untie_output,
-            position_embedding_type="rope", vp_stage=stage,
+            position_embedding_type="rope", vp_stage=stage, rope_scaling=build.rope_scaling,
+            rope_scaling_factor=build.rope_scaling_factor,
             rotary_base=int(build.rotary_base) if float(build.rotary_base).is_integer() else build.rotary_base))
     return chunks
 

@@ -29,7 +29,8 @@ def build_megatron_model(spec, hf_config, tp_size: int):
     return GPTModel(config=config, transformer_layer_spec=fields["layer_spec"], vocab_size=fields["vocab_size"],
                     max_sequence_length=fields["max_sequence_length"], position_embedding_type="rope",
                     share_embeddings_and_output_weights=fields["tie_embeddings"],
-                    rotary_base=fields["rotary_base"], parallel_output=False).eval()
+                    rotary_base=fields["rotary_base"], rope_scaling=fields["rope_scaling"],
+                    rope_scaling_factor=fields["rope_scaling_factor"], parallel_output=False).eval()
 
 
 def load_shard(model, shard: dict) -> None:
