@@ -9,7 +9,8 @@ in another layout (DIR is then the HF model it came from, for the reference logi
 {"max_abs_diff", "max_abs_logit", "roundtrip_exact"}}: the largest |Megatron - HF| logit over a fixed
 batch, and whether the gathered Megatron state (every TP/ETP/EP/PP shard) converts back to the HF
 checkpoint bit for bit; for rope-scaled models also "unscaled_rope_diff", the largest difference from HF
-with plain rope (how large an unmapped rope scaling would show).
+with plain rope (how large an unmapped rope scaling would show); with --load-megatron also
+"identical_to_hf_load": whether the logits equal, bit for bit, those of the same layout loaded from HF.
 """
 import argparse
 import json
@@ -109,12 +110,20 @@ def compare(model_dir: str, megatron_dir: str | None, args) -> dict | None:
                            generator=torch.Generator().manual_seed(SEED))
     result = {}
     logits = pipeline_forward(model, tokens)
+    if megatron_dir:
+        # The same layout loaded straight from HF: a checkpoint saved at another layout must give the
+        # very same logits, bit for bit.
+        (direct,) = build_stage_models(spec, cfg, layout, padded, torch.float32, initialize=True, **moe)
+        load_hf_into_chunks([direct.eval()], spec, ckpt, padded)
+        direct_logits = pipeline_forward(direct, tokens)
+        if direct_logits is not None:
+            result["identical_to_hf_load"] = torch.equal(logits, direct_logits)
     if logits is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
         logits = logits[..., :cfg["vocab_size"]]
         with torch.no_grad():
             hf_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(tokens).logits
-        result = {"max_abs_diff": (logits - hf_logits).abs().max().item(),
-                  "max_abs_logit": hf_logits.abs().max().item()}
+        result.update(max_abs_diff=(logits - hf_logits).abs().max().item(),
+                      max_abs_logit=hf_logits.abs().max().item())
         if rope_type(cfg) != "default":
             # How far the same weights without the rope scaling are: shows the comparison can fail.
             result["unscaled_rope_diff"] = (logits - unscaled_rope_logits(model_dir, tokens)).abs().max().item()
@@ -124,6 +133,9 @@ def compare(model_dir: str, megatron_dir: str | None, args) -> dict | None:
     if dist.get_rank() != 0:
         return None
     merged = {k: v for _, r in gathered for k, v in r.items()}
+    identical = [r["identical_to_hf_load"] for _, r in gathered if "identical_to_hf_load" in r]
+    if identical:  # every last-stage rank's logits
+        merged["identical_to_hf_load"] = all(identical)
     back = gathered_to_hf(spec, cfg, [placed for placed, _ in gathered])
     merged["roundtrip_exact"] = sorted(back) == ckpt.names() and all(torch.equal(back[n], ckpt.get(n)) for n in back)
     return merged
