@@ -98,6 +98,7 @@ class DenseFamilySpec:
             f"{self.family}: sliding-window attention (sliding_window={cfg.get('sliding_window')}) is not mapped")
         check_rope_scaling(self.family, cfg)
 
+
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 """HF rope types the families map: plain RoPE, and Llama 3.1's frequency-dependent scaling."""
 MEGATRON_LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
