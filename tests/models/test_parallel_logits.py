@@ -48,7 +48,8 @@ def test_megatron_logits_equal_hf(model_dirs, layout, tmp_path):
     torchrun(JOB, nproc=nproc, args=[*job_args, "--out", out, *(model_dirs[m] for m in models)], timeout_s=420)
     results = json.loads(out.read_text())
     assert sorted(results) == sorted(models)
-    print(f"{layout}: max |Megatron - HF| logit " + ", ".join(f"{n} {r['max_abs_diff']:.1e}" for n, r in results.items()))
+    diffs = ", ".join(f"{n} {r['max_abs_diff']:.1e}" for n, r in results.items())
+    print(f"{layout}: max |Megatron - HF| logit {diffs}")
     for name, result in results.items():
         assert result["roundtrip_exact"], f"{name} {layout}: gathered Megatron state -> HF differs from the checkpoint"
         assert result["max_abs_diff"] <= MAX_ABS_DIFF, f"{name} {layout}: {result}"
