@@ -16,7 +16,7 @@ from distflow.models.tiny import make_tiny_model
 from distflow.testing.launch import torchrun
 
 JOB = Path(__file__).parent / "jobs" / "parallel_vs_hf_logits.py"
-MAX_ABS_DIFF = 1e-4  # fp32; measured 2e-6 .. 5e-6 with logits of magnitude ~4
+MAX_ABS_DIFF = 1e-4  # fp32; measured 2.4e-6 .. 4.2e-6 over all layouts, logits of magnitude ~4-5
 ODD = "qwen2_vocab300_kv1"
 DENSE = (*DENSE_FAMILIES, ODD)
 ALL = (*DENSE, *MOE_FAMILIES)
