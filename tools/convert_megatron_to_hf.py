@@ -6,6 +6,8 @@ Streams one decoder layer at a time from the checkpoint (any layout it was saved
 safetensors (model-0000X-of-0000Y.safetensors + model.safetensors.index.json), so memory stays near
 --max-shard-size plus the largest layer. config.json, tokenizer and generation config come from the copy
 recorded at import. --verify re-reads what was written and compares every tensor with the checkpoint.
+A checkpoint that cannot be exported (missing or unreadable files, a recorded config its tensors disagree
+with, an unsupported architecture) stops the tool with exit code 2 and the key, file or field at fault.
 """
 import argparse
 import sys
@@ -32,10 +34,14 @@ def main(argv=None) -> None:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
-    from distflow.models.checkpoint_export import export_to_hf, verify_export
+    from distflow.models.checkpoint_export import InvalidMegatronCheckpoint, export_to_hf, verify_export
 
-    summary = export_to_hf(args.megatron, args.out, args.max_shard_size, args.dtype,
-                           progress=not args.no_progress)
+    try:
+        summary = export_to_hf(args.megatron, args.out, args.max_shard_size, args.dtype,
+                               progress=not args.no_progress)
+    except InvalidMegatronCheckpoint as error:
+        print(f"convert_megatron_to_hf: {error}", file=sys.stderr)
+        sys.exit(2)
     print(f"wrote {args.out}: {summary['tensors']} tensors, {summary['bytes'] / 2**20:.1f} MiB "
           f"in {len(summary['files'])} file(s)")
     if args.verify:

@@ -41,6 +41,8 @@ class OptimizerConfig:
     adam_eps: float = option(1e-8, "Adam epsilon.")
     clip_grad: float = option(1.0, "Global gradient-norm clip; 0 disables.")
     use_distributed_optimizer: bool = option(True, "Shard optimizer states over data-parallel ranks (ZeRO-1).")
+    megatron: dict = option({}, "Extra Megatron-Core OptimizerConfig fields, passed through unchanged (e.g. "
+                            "optimizer_cpu_offload: true, optimizer_offload_fraction: 1.0 on GPU).")
 
 
 @dataclass
@@ -61,7 +63,9 @@ class MegatronRoleConfig:
         None, "Activation recomputation (Megatron's recompute_granularity); null disables.")
     recompute_method: Optional[Literal["uniform", "block"]] = option(None, "Megatron's recompute_method.")
     recompute_num_layers: Optional[int] = option(None, "Megatron's recompute_num_layers.")
-    offload: bool = option(False, "Offload parameters (and optimizer states) to CPU between uses (GPU only).")
+    offload: bool = option(False, "ref only: keep the reference model's parameters in CPU memory between "
+                           "forwards (GPU; nothing to move on CPU). actor/critic refuse it: their optimizer "
+                           "states offload through optim.megatron.optimizer_cpu_offload (GPU).")
     load: Optional[str] = option(None, "Megatron dist checkpoint to start from instead of model.path.")
     megatron: dict = option({}, "Extra Megatron-Core TransformerConfig fields, passed through unchanged.")
 

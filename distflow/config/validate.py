@@ -19,6 +19,13 @@ _MEGATRON_OWNED = {
     "recompute_granularity": "recompute_granularity", "recompute_method": "recompute_method",
     "recompute_num_layers": "recompute_num_layers",
 }
+# OptimizerConfig fields DistFlow sets from optim.* and model.dtype.
+_MEGATRON_OPTIMIZER_OWNED = {
+    "optimizer": "(always adam)", "lr": "optim.lr", "min_lr": "optim.min_lr", "weight_decay": "optim.weight_decay",
+    "adam_beta1": "optim.adam_beta1", "adam_beta2": "optim.adam_beta2", "adam_eps": "optim.adam_eps",
+    "clip_grad": "optim.clip_grad", "use_distributed_optimizer": "optim.use_distributed_optimizer",
+    "bf16": "model.dtype", "fp16": "model.dtype", "params_dtype": "model.dtype",
+}
 _SGLANG_OWNED = {"model_path": "model.path", "tokenizer_path": "model.tokenizer_path", "tp_size": "rollout.engine_tp",
                  "dtype": "model.dtype", "mem_fraction_static": "rollout.mem_fraction_static",
                  "random_seed": "trainer.seed", "dp_size": "rollout.num_ranks / rollout.engine_tp"}
@@ -53,6 +60,9 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
         for role in ("actor", "critic", "ref"):
             _validate_keys(f"{role}.megatron", getattr(cfg, role).megatron, megatron_fields, _MEGATRON_OWNED,
                            f"{role}.")
+            if role != "ref":
+                _validate_keys(f"{role}.optim.megatron", getattr(cfg, role).optim.megatron, megatron_optimizer_fields,
+                               _MEGATRON_OPTIMIZER_OWNED, "")
         _validate_keys("rollout.sglang", r.sglang, sglang_fields, _SGLANG_OWNED, "")
     return cfg
 
@@ -64,6 +74,21 @@ def _validate_role(role: str, rc) -> None:
         _positive(f"{role}.etp", rc.etp)
     if rc.sequence_parallel and rc.tp == 1:
         raise ConfigError(f"{role}.sequence_parallel=true needs {role}.tp > 1 (got tp=1)")
+    error = offload_error(role, rc)
+    if error:
+        raise ConfigError(error)
+
+
+def offload_error(role: str, rc) -> str | None:
+    """Why `{role}.offload` cannot be honoured (None: it can). Only the frozen reference model offloads its
+    parameters (to CPU between forwards, on GPU); a training role's optimizer states go to CPU through
+    Megatron's own optimizer offload instead."""
+    if not rc.offload or role == "ref":
+        return None
+    return (f"{role}.offload=true is not supported: DistFlow offloads only the reference model's parameters "
+            f"(ref.offload=true, on GPU). For {role}'s optimizer states use Megatron's optimizer CPU offload: "
+            f"{role}.optim.megatron={{optimizer_cpu_offload: true, optimizer_offload_fraction: 1.0}} "
+            "(GPU only; Megatron's HybridDeviceOptimizer); recompute_granularity=full saves activation memory")
 
 
 def _positive(key: str, value: int) -> None:
@@ -91,6 +116,18 @@ def megatron_fields() -> frozenset | None:
     except ImportError:
         return None
     return frozenset(f.name for f in dataclasses.fields(TransformerConfig))
+
+
+@functools.cache
+def megatron_optimizer_fields() -> frozenset | None:
+    """Megatron-Core OptimizerConfig field names (None when megatron-core is not installed)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from megatron.core.optimizer import OptimizerConfig
+    except ImportError:
+        return None
+    return frozenset(f.name for f in dataclasses.fields(OptimizerConfig))
 
 
 @functools.cache

@@ -21,18 +21,24 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from distflow.models import expert_layout, weight_mapping
 from distflow.models.checkpoint_import import DTYPES, HF_ASSETS_DIR, read_source
+from distflow.models.checkpoint_import import SOURCE_FILE as SOURCE_FILE_NAME
 from distflow.models.conversion import HFCheckpoint, megatron_full_to_hf
-from distflow.models.registry import spec_for
+from distflow.models.hf_validation import InvalidHFCheckpoint, expected_hf_shapes, spec_or_error
 
 _EXPERTS_KEY = "mlp.experts.experts."  # SequentialMLP's global-expert prefix in sharded keys
 _LOCAL_EXPERT = "mlp.experts.local_experts."
 _MODEL_MODULES = ("embedding", "decoder", "output_layer")  # GPTModel's top-level modules
+
+
+class InvalidMegatronCheckpoint(ValueError):
+    """The dist checkpoint cannot be exported; the message names the checkpoint key, file or field at fault."""
 
 
 class DistCheckpointReader:
@@ -41,7 +47,11 @@ class DistCheckpointReader:
     def __init__(self, megatron_dir, spec, hf_config: dict):
         self.dir = str(megatron_dir)
         self.spec, self.config = spec, hf_config
-        stored = dcp.FileSystemReader(self.dir).read_metadata().state_dict_metadata
+        try:
+            stored = dcp.FileSystemReader(self.dir).read_metadata().state_dict_metadata
+        except (OSError, EOFError, RuntimeError, ValueError) as error:
+            raise InvalidMegatronCheckpoint(f"{self.dir}: cannot read the checkpoint index (.metadata): "
+                                            f"{type(error).__name__}: {error}") from None
         self.metadata = {k: m for k, m in stored.items() if isinstance(m, TensorStorageMetadata)}
         """Sharded-tensor key -> its global size, dtype and saved chunks."""
         self.num_layers = hf_config["num_hidden_layers"]
@@ -63,7 +73,8 @@ class DistCheckpointReader:
                                            post_process=not first)
         names = [r.megatron for r in rules if r.exported]
         missing = [n for n in names if n not in self.metadata]
-        assert not missing, f"{self.dir}: checkpoint has no {missing}; keys: {sorted(self.metadata)}"
+        if missing:
+            raise InvalidMegatronCheckpoint(f"{self.dir}: checkpoint has no {missing}; keys: {sorted(self.metadata)}")
         return self._load({n: None for n in names})
 
     def unused_keys(self) -> list[str]:
@@ -81,7 +92,7 @@ class DistCheckpointReader:
         for candidate in (weight_mapping.te_param_name(local_suffix), local_suffix):
             if f"decoder.layers.{candidate}" in self.metadata:
                 return f"decoder.layers.{candidate}", None
-        raise KeyError(f"{self.dir}: no checkpoint key for decoder layer parameter {local_suffix!r}")
+        raise InvalidMegatronCheckpoint(f"{self.dir}: no checkpoint key for decoder layer parameter {local_suffix!r}")
 
     def _load(self, requests: dict[str, tuple[int, int] | None]) -> dict[str, torch.Tensor]:
         """key -> tensor, for requests key -> None (the whole tensor) or (layer, layer count): that layer's
@@ -89,15 +100,24 @@ class DistCheckpointReader:
         buffers, offsets = {}, {}
         for key, part in requests.items():
             size = self.metadata[key].size
-            assert part is None or size[0] == part[1], (
-                f"{key}: leading axis {size[0]} is not the {part[1]} decoder layers")
+            if part is not None and size[0] != part[1]:
+                raise InvalidMegatronCheckpoint(
+                    f"{self.dir}: {key} stacks {size[0]} decoder layers, but the recorded config has "
+                    f"num_hidden_layers={part[1]}")
             shape = size if part is None else (1, *size[1:])
             buffers[key] = torch.empty(shape, dtype=self.metadata[key].properties.dtype)
             offsets[key] = (0,) * len(size) if part is None else (part[0],) + (0,) * (len(size) - 1)
         with warnings.catch_warnings():  # "torch.distributed is disabled ... load in a single process": intended
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(buffers, storage_reader=dcp.FileSystemReader(self.dir), planner=_SliceLoadPlanner(offsets),
-                     no_dist=True)
+            try:
+                dcp.load(buffers, storage_reader=dcp.FileSystemReader(self.dir), planner=_SliceLoadPlanner(offsets),
+                         no_dist=True)
+            except CheckpointException as error:  # a BaseException: would escape `except Exception`
+                causes = "; ".join(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+                                   for e, _ in error.failures.values())
+                raise InvalidMegatronCheckpoint(
+                    f"{self.dir}: cannot read {sorted(requests)} (a data file is missing, truncated or corrupt): "
+                    f"{causes}") from None
         self._used.update(requests)
         return {key: t if requests[key] is None else t[0] for key, t in buffers.items()}
 
@@ -129,10 +149,37 @@ def iter_hf_parts(reader: DistCheckpointReader, spec, hf_config: dict):
         return {n: t[:vocab] if n in ("embedding.word_embeddings.weight", "output_layer.weight") else t
                 for n, t in state.items()}
 
-    yield "embedding", megatron_full_to_hf(spec, hf_config, unpad(reader.outside_layers(first=True)))
+    hf_shapes = expected_hf_shapes(spec, hf_config)
+
+    def convert(state):
+        _check_shapes(reader.dir, spec, hf_config, state, hf_shapes)
+        return megatron_full_to_hf(spec, hf_config, state)
+
+    yield "embedding", convert(unpad(reader.outside_layers(first=True)))
     for layer in range(reader.num_layers):
-        yield f"layer {layer}", megatron_full_to_hf(spec, hf_config, reader.layer(layer))
-    yield "output", megatron_full_to_hf(spec, hf_config, unpad(reader.outside_layers(first=False)))
+        yield f"layer {layer}", convert(reader.layer(layer))
+    yield "output", convert(unpad(reader.outside_layers(first=False)))
+
+
+def _check_shapes(where: str, spec, hf_config: dict, state: dict, hf_shapes: dict) -> None:
+    """Every stored tensor has the shape the recorded config implies; else InvalidMegatronCheckpoint naming
+    each key and field. A fused Megatron tensor (q/k/v, gate/up) stacks its HF parts along dim 0.
+    (Worked out by hand: meta-tensor ops would import torch's decompositions, ~100 MB of memory.)"""
+    wrong = []
+    for name, tensor in state.items():
+        rule = weight_mapping.rule_for(spec, hf_config, name)
+        if not rule.exported:
+            continue
+        parts = [hf_shapes[n] for n in rule.hf]
+        expected = (sum(p[0] for p in parts), *parts[0][1:])
+        if tuple(tensor.shape) != expected:
+            wrong.append(f"{name} is {tuple(tensor.shape)}, expected {expected}")
+    if wrong:
+        fields = ", ".join(f"{k}={hf_config.get(k)}" for k in (
+            "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "vocab_size") if k in hf_config)
+        raise InvalidMegatronCheckpoint(f"{where}: stored tensors disagree with the config recorded in "
+                                        f"{SOURCE_FILE_NAME} ({fields}): " + "; ".join(wrong[:10]))
 
 
 class ShardedSafetensorsWriter:
@@ -180,6 +227,28 @@ class ShardedSafetensorsWriter:
         self._buffer, self._buffer_bytes = {}, 0
 
 
+def read_export_source(megatron_dir) -> dict:
+    """The checkpoint's SOURCE_FILE, or InvalidMegatronCheckpoint saying what is missing or unreadable."""
+    try:
+        source = read_source(megatron_dir)
+    except (FileNotFoundError, AssertionError) as error:
+        raise InvalidMegatronCheckpoint(str(error)) from None
+    except ValueError as error:  # json.JSONDecodeError
+        raise InvalidMegatronCheckpoint(f"{megatron_dir}/{SOURCE_FILE_NAME} is not valid JSON: {error}") from None
+    missing = [k for k in ("hf_config", "dtype", "expert_layout") if k not in source]
+    if missing:
+        raise InvalidMegatronCheckpoint(f"{megatron_dir}/{SOURCE_FILE_NAME}: fields {missing} are missing")
+    return source
+
+
+def source_spec(megatron_dir, hf_config: dict):
+    """The family spec of the recorded HF config; errors list the supported architectures and families."""
+    try:
+        return spec_or_error(hf_config, f"{megatron_dir}/{SOURCE_FILE_NAME} (hf_config)")
+    except InvalidHFCheckpoint as error:
+        raise InvalidMegatronCheckpoint(str(error)) from None
+
+
 def export_to_hf(megatron_dir, out_dir, max_shard_bytes: int = 5 * 2**30, dtype: str | None = None,
                  progress: bool = True) -> dict:
     """Writes the HF model directory `out_dir` from a dist checkpoint made by checkpoint_import.
@@ -189,28 +258,38 @@ def export_to_hf(megatron_dir, out_dir, max_shard_bytes: int = 5 * 2**30, dtype:
     """
     from tqdm import tqdm
 
-    source = read_source(megatron_dir)
-    hf_config, spec = source["hf_config"], spec_for(source["hf_config"])
+    source = read_export_source(megatron_dir)
+    hf_config, spec = source["hf_config"], source_spec(megatron_dir, hf_config=source["hf_config"])
     target_dtype = DTYPES[dtype or source["dtype"]]
     out_dir = Path(out_dir)
+    assets = Path(megatron_dir) / HF_ASSETS_DIR
+    if not assets.is_dir():
+        raise InvalidMegatronCheckpoint(f"{megatron_dir}: no {HF_ASSETS_DIR}/ (the HF config and tokenizer files "
+                                        "tools/convert_hf_to_megatron.py copies next to the checkpoint)")
+    reader = DistCheckpointReader(megatron_dir, spec, hf_config)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    shutil.copytree(Path(megatron_dir) / HF_ASSETS_DIR, tmp)
-    reader = DistCheckpointReader(megatron_dir, spec, hf_config)
-    writer = ShardedSafetensorsWriter(tmp, max_shard_bytes)
-    count = 0
-    parts = iter_hf_parts(reader, spec, hf_config)
-    for what, hf in tqdm(parts, total=reader.num_layers + 2, desc="export", unit="part", disable=not progress):
-        if source["expert_layout"] == expert_layout.FUSED:
-            hf = expert_layout.fuse_layer(spec, hf)
-        for name, tensor in hf.items():
-            # A copy: gate/up halves and expert slices are views of one loaded tensor, and safetensors
-            # refuses tensors that share storage; the layer's loaded tensors are freed after this part.
-            writer.add(name, tensor.to(target_dtype, memory_format=torch.contiguous_format, copy=True))
-            count += 1
-    unused = reader.unused_keys()
-    assert not unused, f"{megatron_dir}: checkpoint keys the {spec.family} mapping does not export: {unused}"
+    shutil.copytree(assets, tmp)
+    try:
+        writer = ShardedSafetensorsWriter(tmp, max_shard_bytes)
+        count = 0
+        parts = iter_hf_parts(reader, spec, hf_config)
+        for what, hf in tqdm(parts, total=reader.num_layers + 2, desc="export", unit="part", disable=not progress):
+            if source["expert_layout"] == expert_layout.FUSED:
+                hf = expert_layout.fuse_layer(spec, hf)
+            for name, tensor in hf.items():
+                # A copy: gate/up halves and expert slices are views of one loaded tensor, and safetensors
+                # refuses tensors that share storage; the layer's loaded tensors are freed after this part.
+                writer.add(name, tensor.to(target_dtype, memory_format=torch.contiguous_format, copy=True))
+                count += 1
+        unused = reader.unused_keys()
+        if unused:
+            raise InvalidMegatronCheckpoint(
+                f"{megatron_dir}: checkpoint keys the {spec.family} mapping does not export: {unused}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # no half-written directory left behind
+        raise
     files = writer.close()
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -223,8 +302,8 @@ def verify_export(megatron_dir, hf_dir, progress: bool = True) -> list[str]:
     same dtype cast). Returns the differences (empty: every tensor equal, none missing or extra)."""
     from tqdm import tqdm
 
-    source = read_source(megatron_dir)
-    hf_config, spec = source["hf_config"], spec_for(source["hf_config"])
+    source = read_export_source(megatron_dir)
+    hf_config, spec = source["hf_config"], source_spec(megatron_dir, hf_config=source["hf_config"])
     written = HFCheckpoint(hf_dir)
     written_names = set(written.names())
     reader = DistCheckpointReader(megatron_dir, spec, hf_config)

@@ -90,7 +90,7 @@ def build_stage_models(spec, hf_config: dict, layout: CheckpointLayout, padded_v
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
             share_embeddings_and_output_weights=fields["tie_embeddings"], rotary_base=fields["rotary_base"],
-            vp_stage=vp))
+            rope_scaling=fields["rope_scaling"], rope_scaling_factor=fields["rope_scaling_factor"], vp_stage=vp))
     return chunks
 
 

@@ -73,6 +73,7 @@ class DenseFamilySpec:
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             rotary_base=rope_theta(cfg),
             layer_spec=self.layer_spec(cfg, use_transformer_engine),
+            **rope_scaling_fields(cfg),
         )
 
     def layer_spec(self, hf_config, use_transformer_engine: bool = False):
@@ -95,10 +96,52 @@ class DenseFamilySpec:
         # TODO: Mistral's sliding window maps to TransformerConfig.window_size; not verified against HF yet.
         assert cfg.get("sliding_window") is None or not cfg.get("use_sliding_window", True), (
             f"{self.family}: sliding-window attention (sliding_window={cfg.get('sliding_window')}) is not mapped")
-        rope_type = (cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}).get("rope_type", "default")
-        # TODO: Llama 3.x "llama3" rope scaling maps to GPTModel(rope_scaling=True, rope_scaling_factor=...);
-        # Megatron hard-codes the low/high frequency factors and original context, check them first.
-        assert rope_type == "default", f"{self.family}: rope scaling {rope_type!r} is not mapped yet"
+        check_rope_scaling(self.family, cfg)
+
+
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+"""HF rope types the families map: plain RoPE, and Llama 3.1's frequency-dependent scaling."""
+MEGATRON_LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+"""What megatron-core 0.16's RotaryEmbedding._apply_scaling hard-codes (GPTModel passes only `factor`);
+every released Llama 3.1/3.2/3.3 checkpoint uses these values, with factor 8 (3.1, 3.3) or 32 (3.2)."""
+
+
+def rope_parameters(cfg: dict) -> dict:
+    """The rope settings of a config: released checkpoints write `rope_scaling` (None without scaling),
+    transformers 5 writes `rope_parameters`; older configs spell the type `type`."""
+    return dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+
+
+def rope_type(cfg: dict) -> str:
+    params = rope_parameters(cfg)
+    return params.get("rope_type") or params.get("type") or "default"
+
+
+def check_rope_scaling(family: str, cfg: dict) -> None:
+    """Fails naming the field when the rope settings are ones Megatron's GPTModel cannot reproduce."""
+    params, kind = rope_parameters(cfg), rope_type(cfg)
+    assert kind in SUPPORTED_ROPE_TYPES, (
+        f"{family}: rope scaling {kind!r} (config rope_scaling.rope_type) is not mapped; supported rope types: "
+        f"{list(SUPPORTED_ROPE_TYPES)}")
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    assert partial == 1.0, f"{family}: partial_rotary_factor={partial} is not mapped; only 1.0 (rotate all dims)"
+    if kind != "llama3":
+        return
+    factor = params.get("factor")
+    assert isinstance(factor, (int, float)) and factor >= 1, (
+        f"{family}: rope_scaling.factor={factor!r} must be a number >= 1 for llama3 rope scaling")
+    for field, fixed in MEGATRON_LLAMA3_FIXED.items():
+        assert params.get(field) == fixed, (
+            f"{family}: rope_scaling.{field}={params.get(field)!r} is not supported: Megatron-Core's llama3 rope "
+            f"scaling fixes {field} to {fixed} (supported: "
+            + ", ".join(f"{k}={v}" for k, v in MEGATRON_LLAMA3_FIXED.items()) + ", any factor >= 1)")
+
+
+def rope_scaling_fields(cfg: dict) -> dict:
+    """GPTModel's rope_scaling / rope_scaling_factor for a config (check_rope_scaling must have passed)."""
+    if rope_type(cfg) != "llama3":
+        return dict(rope_scaling=False, rope_scaling_factor=8.0)
+    return dict(rope_scaling=True, rope_scaling_factor=float(rope_parameters(cfg)["factor"]))
 
 
 def rope_theta(cfg: dict) -> float:

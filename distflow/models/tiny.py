@@ -28,17 +28,28 @@ MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
 DEFAULT_SIZES = dict(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, experts=4, top_k=2, vocab=512,
                      head_dim=None, seed=0, dtype="float32")
 ROPE_THETA = 10000.0
+ROPE_VARIANTS = {
+    "default": {"rope_type": "default", "rope_theta": ROPE_THETA},
+    # Llama 3.1's published rope settings (meta-llama/Llama-3.1-8B config.json), its rope_theta included:
+    # with head_dim 16, one frequency pair falls in the smoothed band and three in the factor-8 band, and a
+    # sequence of a few hundred tokens rotates them far enough that unscaled rope gives visibly other logits.
+    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+}
+"""make_tiny_model's `rope` choices: the rope_parameters written to config.json."""
 
 
-def make_tiny_model(family: str, out_dir, **sizes) -> Path:
+def make_tiny_model(family: str, out_dir, rope: str = "default", **sizes) -> Path:
     """Writes a tiny `family` model directory to `out_dir` and returns its path.
 
     sizes (all optional, see DEFAULT_SIZES): layers, hidden, heads, kv_heads, ffn (dense FFN and each
     expert's width), experts, top_k, vocab (tokenizer and embedding size), head_dim (default hidden/heads,
     except Qwen3 families: 2*hidden/heads, so that head_dim != hidden/heads is exercised as in real Qwen3),
     seed, dtype ("float32" | "bfloat16" | "float16").
+    rope: a ROPE_VARIANTS key; "llama3" makes a Llama-3.1-style config (rope scaling, 128K positions).
     """
     assert family in FAMILIES, f"unknown family {family!r}; choose one of {sorted(FAMILIES)}"
+    assert rope in ROPE_VARIANTS, f"unknown rope {rope!r}; choose one of {sorted(ROPE_VARIANTS)}"
     unknown = set(sizes) - set(DEFAULT_SIZES)
     assert not unknown, f"unknown size arguments {sorted(unknown)}; known: {sorted(DEFAULT_SIZES)}"
     s = {**DEFAULT_SIZES, **sizes}
@@ -50,7 +61,7 @@ def make_tiny_model(family: str, out_dir, **sizes) -> Path:
     assert len(tokenizer) <= s["vocab"], f"tokenizer has {len(tokenizer)} tokens > vocab {s['vocab']}"
     token_ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id)
-    config = _hf_config(family, s, token_ids)
+    config = _hf_config(family, s, token_ids, rope)
 
     torch.manual_seed(s["seed"])  # anything _fill_weights does not reach (none today) is still seeded
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -66,14 +77,15 @@ def make_tiny_model(family: str, out_dir, **sizes) -> Path:
     return out
 
 
-def _hf_config(family: str, s: dict, token_ids: dict):
+def _hf_config(family: str, s: dict, token_ids: dict, rope: str = "default"):
     config_cls_name, architecture = FAMILIES[family]
     head_dim = s["head_dim"] or (2 if family.startswith("qwen3") else 1) * s["hidden"] // s["heads"]
     common = dict(
         vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["ffn"],
         num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
-        max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA}, architectures=[architecture],
+        # Llama 3.1 extends the 8K context it was trained at to 128K (HF wants original < max).
+        max_position_embeddings=131072 if rope == "llama3" else 2048, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters=dict(ROPE_VARIANTS[rope]), architectures=[architecture],
         **token_ids,
     )
     moe = dict(num_experts_per_tok=s["top_k"])

@@ -23,6 +23,8 @@ class GPTBuildSpec:
     tie_embeddings: bool
     rotary_base: float
     layer_spec: object
+    rope_scaling: bool = False  # Llama 3.1's "llama3" frequency scaling (distflow.models.spec.check_rope_scaling)
+    rope_scaling_factor: float = 8.0
 
 
 def transformer_config(spec, hf_config: dict, role_cfg: MegatronRoleConfig, dtype: torch.dtype, device: str):
@@ -92,7 +94,8 @@ def build_model_chunks(config, build: GPTBuildSpec, untie_output: bool = False) 
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
             share_embeddings_and_output_weights=build.tie_embeddings and not untie_output,
-            position_embedding_type="rope", vp_stage=stage,
+            position_embedding_type="rope", vp_stage=stage, rope_scaling=build.rope_scaling,
+            rope_scaling_factor=build.rope_scaling_factor,
             rotary_base=int(build.rotary_base) if float(build.rotary_base).is_integer() else build.rotary_base))
     return chunks
 
@@ -119,7 +122,8 @@ def wrap_for_inference(chunks: list, config) -> list:
 
 
 def build_optimizer(optim: OptimizerConfig, ddp_chunks: list, config, total_steps: int):
-    """Megatron's optimizer (Adam, global-norm clipping, optionally distributed) and its LR schedule.
+    """Megatron's optimizer (Adam, global-norm clipping, optionally distributed) and its LR schedule;
+    optim.megatron adds Megatron OptimizerConfig fields (e.g. its optimizer CPU offload on GPU).
 
     Schedule convention: optimizer step k (1-based) uses lr(k), so the first update already moves
     (lr / warmup during a warm-up of `lr_warmup_steps` steps, not 0), warm-up ends at the full lr on step
@@ -129,13 +133,19 @@ def build_optimizer(optim: OptimizerConfig, ddp_chunks: list, config, total_step
     from megatron.core.optimizer import get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+    fields = dict(
+        optimizer="adam", lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
+        adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
+        clip_grad=optim.clip_grad, bf16=config.bf16, fp16=config.fp16, params_dtype=config.params_dtype,
+        use_distributed_optimizer=optim.use_distributed_optimizer)
+    clash = set(fields) & set(optim.megatron)
+    assert not clash, f"optim.megatron passthrough {sorted(clash)}: set by DistFlow from optim.* / model.dtype"
+    if optim.megatron.get("optimizer_cpu_offload") and not torch.cuda.is_available():
+        raise ValueError("optim.megatron.optimizer_cpu_offload=true needs CUDA: Megatron's HybridDeviceOptimizer "
+                         "moves states over CUDA streams; on CPU the optimizer states already live in host memory")
     with warnings.catch_warnings():  # "TE and Apex are not installed. Falling back to Torch optimizers."
         warnings.simplefilter("ignore")
-        optimizer = get_megatron_optimizer(MegatronOptimizerConfig(
-            optimizer="adam", lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
-            adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
-            clip_grad=optim.clip_grad, bf16=config.bf16, fp16=config.fp16, params_dtype=config.params_dtype,
-            use_distributed_optimizer=optim.use_distributed_optimizer), ddp_chunks)
+        optimizer = get_megatron_optimizer(MegatronOptimizerConfig(**fields, **optim.megatron), ddp_chunks)
     decay_steps = max(total_steps, optim.lr_warmup_steps) + 1
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0 if optim.lr_warmup_steps else optim.lr, max_lr=optim.lr, min_lr=optim.min_lr,

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from distflow.workers.megatron import batching, builder, hf_io, steps
+from distflow.workers.megatron.offload import ParameterOffloader
 from distflow.workers.megatron.value_head import install_value_head
 from distflow.workers.megatron.vocab_parallel import logprobs_and_entropy, shift_to_token_positions
 
@@ -76,6 +77,8 @@ class MegatronWorker:
             for chunk in self.chunks:
                 chunk.requires_grad_(False)
             self.model = builder.wrap_for_inference(self.chunks, self.config)
+        # ref.offload: the reference model's weights wait in CPU memory between forwards (no-op on CPU).
+        self.offloader = ParameterOffloader(self.model, self.device) if role_cfg.offload else None
 
     # ---- forward passes -------------------------------------------------------------------------------
 
@@ -88,7 +91,11 @@ class MegatronWorker:
             logprobs, entropy = self._logprobs(local_logits, micro_batch)
             return logprobs.sum() * 0, {"logprobs": logprobs, "entropy": entropy}
 
-        out = self._forward(batch, output_fn, ("logprobs", "entropy"))
+        if self.offloader is None:
+            out = self._forward(batch, output_fn, ("logprobs", "entropy"))
+        else:
+            with self.offloader.onloaded():
+                out = self._forward(batch, output_fn, ("logprobs", "entropy"))
         return out["logprobs"], out["entropy"]
 
     @torch.no_grad()
@@ -253,10 +260,15 @@ def _check_layout(role: str, role_cfg, layout, device: str) -> None:
         raise RuntimeError(f"{role}: Megatron's process groups are {actual} but the role's layout is {wanted}; "
                            "initialise them for this layout first (distflow.distributed.initialize_megatron_groups)")
     if layout.cp > 1:
-        raise NotImplementedError(f"{role}.cp={layout.cp}: context parallelism needs Transformer Engine's attention "
-                                  "and a CP split of the batch, which the worker does not do yet")
-    if role_cfg.offload and device != "cpu":
-        raise NotImplementedError(f"{role}.offload: parameter/optimizer offloading is not implemented yet")
+        where = "on CPU (no Transformer Engine, no CUDA)" if device == "cpu" else "yet"
+        raise ValueError(f"{role}.cp={layout.cp}: context parallelism needs Transformer Engine's attention on CUDA "
+                         f"and a CP split of every batch, which the Megatron worker does not do {where}; set "
+                         f"{role}.cp=1")
+    from distflow.config.validate import offload_error
+
+    error = offload_error(role, role_cfg)
+    if error:
+        raise ValueError(error)
 
 
 def _check_same_rows_on_dp_ranks(rows: int, device: torch.device) -> None:

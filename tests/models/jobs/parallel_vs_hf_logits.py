@@ -1,14 +1,16 @@
 """Loads HF models (dense or MoE) into Megatron GPTModel at any TP/PP/EP/ETP layout and compares logits with HF.
 
 Launched by torchrun from tests/models (world size = tp * pp * dp, where dp = ep * etp / tp or 1):
-    torchrun --nproc-per-node N parallel_vs_hf_logits.py --tp T --pp P --ep E --out RESULT.json DIR [DIR ...]
+    torchrun --nproc-per-node N parallel_vs_hf_logits.py --tp T --pp P --ep E [--seq-len L] --out RESULT.json DIR ...
 Weights come from the HF directory through hf_to_megatron_shard (each rank reads its own slices), or with
 --load-megatron CKPT [CKPT ...] (one per DIR) from dist checkpoints written by tools/convert_hf_to_megatron.py
 in another layout (DIR is then the HF model it came from, for the reference logits). The forward runs stage by stage
 (activations sent over gloo between pipeline stages). Global rank 0 writes {model dir name:
 {"max_abs_diff", "max_abs_logit", "roundtrip_exact"}}: the largest |Megatron - HF| logit over a fixed
 batch, and whether the gathered Megatron state (every TP/ETP/EP/PP shard) converts back to the HF
-checkpoint bit for bit.
+checkpoint bit for bit; for rope-scaled models also "unscaled_rope_diff", the largest difference from HF
+with plain rope (how large an unmapped rope scaling would show); with --load-megatron also
+"identical_to_hf_load": whether the logits equal, bit for bit, those of the same layout loaded from HF.
 """
 import argparse
 import json
@@ -18,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 SEED = 0
-BATCH, SEQ_LEN = 2, 24
+BATCH = 2
 
 
 def pipeline_forward(model, tokens: torch.Tensor) -> torch.Tensor | None:
@@ -26,10 +28,11 @@ def pipeline_forward(model, tokens: torch.Tensor) -> torch.Tensor | None:
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-    positions = torch.arange(SEQ_LEN).expand(BATCH, SEQ_LEN)
+    batch, seq_len = tokens.shape
+    positions = torch.arange(seq_len).expand(batch, seq_len)
     hidden = model.config.hidden_size
     if not ps.is_pipeline_first_stage():
-        received = torch.empty(SEQ_LEN, BATCH, hidden)
+        received = torch.empty(seq_len, batch, hidden)
         dist.recv(received, src=ps.get_pipeline_model_parallel_prev_rank())
         model.set_input_tensor(received)
     with torch.no_grad():
@@ -87,6 +90,7 @@ def compare(model_dir: str, megatron_dir: str | None, args) -> dict | None:
         read_source
     from distflow.models.conversion import HFCheckpoint
     from distflow.models.registry import spec_for
+    from distflow.models.spec import rope_type
     from distflow.models.tp_sharding import padded_vocab_size
 
     ckpt = HFCheckpoint(model_dir)
@@ -102,23 +106,49 @@ def compare(model_dir: str, megatron_dir: str | None, args) -> dict | None:
     else:
         load_hf_into_chunks([model], spec, ckpt, padded)
 
-    tokens = torch.randint(0, cfg["vocab_size"], (BATCH, SEQ_LEN), generator=torch.Generator().manual_seed(SEED))
+    tokens = torch.randint(0, cfg["vocab_size"], (BATCH, args.seq_len),
+                           generator=torch.Generator().manual_seed(SEED))
     result = {}
     logits = pipeline_forward(model, tokens)
+    if megatron_dir:
+        # The same layout loaded straight from HF: a checkpoint saved at another layout must give the
+        # very same logits, bit for bit.
+        (direct,) = build_stage_models(spec, cfg, layout, padded, torch.float32, initialize=True, **moe)
+        load_hf_into_chunks([direct.eval()], spec, ckpt, padded)
+        direct_logits = pipeline_forward(direct, tokens)
+        if direct_logits is not None:
+            result["identical_to_hf_load"] = torch.equal(logits, direct_logits)
     if logits is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
+        logits = logits[..., :cfg["vocab_size"]]
         with torch.no_grad():
             hf_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(tokens).logits
-        result = {"max_abs_diff": (logits[..., :cfg["vocab_size"]] - hf_logits).abs().max().item(),
-                  "max_abs_logit": hf_logits.abs().max().item()}
+        result.update(max_abs_diff=(logits - hf_logits).abs().max().item(),
+                      max_abs_logit=hf_logits.abs().max().item())
+        if rope_type(cfg) != "default":
+            # How far the same weights without the rope scaling are: shows the comparison can fail.
+            result["unscaled_rope_diff"] = (logits - unscaled_rope_logits(model_dir, tokens)).abs().max().item()
 
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (my_state_and_place(model, get_transformer_layer_offset(model.config)), result))
     if dist.get_rank() != 0:
         return None
     merged = {k: v for _, r in gathered for k, v in r.items()}
+    identical = [r["identical_to_hf_load"] for _, r in gathered if "identical_to_hf_load" in r]
+    if identical:  # every last-stage rank's logits
+        merged["identical_to_hf_load"] = all(identical)
     back = gathered_to_hf(spec, cfg, [placed for placed, _ in gathered])
     merged["roundtrip_exact"] = sorted(back) == ckpt.names() and all(torch.equal(back[n], ckpt.get(n)) for n in back)
     return merged
+
+
+def unscaled_rope_logits(model_dir: str, tokens: torch.Tensor) -> torch.Tensor:
+    """HF logits of the same checkpoint with plain rope (same rope_theta, no scaling)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    config.rope_parameters = {"rope_type": "default", "rope_theta": config.rope_parameters["rope_theta"]}
+    with torch.no_grad():
+        return AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32).eval()(tokens).logits
 
 
 def main() -> None:
@@ -130,6 +160,7 @@ def main() -> None:
     parser.add_argument("--dispatcher", default="alltoall", choices=["alltoall", "allgather"])
     parser.add_argument("--load-megatron", nargs="*", default=[],
                         help="dist checkpoints to load instead of the HF weights, one per model dir")
+    parser.add_argument("--seq-len", type=int, default=24, help="tokens per row of the compared batch")
     parser.add_argument("--out", required=True)
     parser.add_argument("model_dirs", nargs="+")
     args = parser.parse_args()
