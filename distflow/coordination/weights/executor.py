@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from distflow.coordination.weights import checksum as wsum
 from distflow.coordination.weights import engine_side
-from distflow.coordination.weights.engine_state import state_of
+from distflow.workers.rollout.engine_state import state_of
 from distflow.coordination.weights.plan import WeightSyncPlan, plan_weight_sync
 from distflow.coordination.weights.regions import narrow
 
@@ -74,8 +74,8 @@ class SyncStats:
         return self.total_bytes / max(self.seconds, 1e-9) / 1e9
 
     def metrics(self) -> dict[str, float]:
-        return {"sync/seconds": self.seconds, "sync/total_bytes": float(self.total_bytes),
-                "sync/busiest_rank_bytes": float(self.busiest_sender_bytes), "sync/gb_per_s": self.gb_per_s,
+        return {"sync/seconds": self.seconds, "sync/bytes": float(self.total_bytes),
+                "sync/busiest_rank_bytes": float(self.busiest_sender_bytes), "sync/gbps": self.gb_per_s,
                 "sync/version": float(self.version), "sync/buckets": float(self.buckets)}
 
 
@@ -127,8 +127,14 @@ class WeightResharder:
 
     # ---- the sync ---------------------------------------------------------------------------------------
 
-    def sync(self) -> SyncStats:
-        """Moves the current weights into every engine; returns the same SyncStats on every rank."""
+    def sync(self, local_tensors: dict[str, torch.Tensor] | None = None) -> SyncStats:
+        """Moves the current weights into every engine; returns the same SyncStats on every rank.
+
+        local_tensors: this rank's parameters again (megatron_tensors), for a trainer whose optimizer may have
+        replaced parameter storage since the resharder was built; checked against the plan like the first."""
+        if local_tensors is not None:
+            self.local = local_tensors
+            self._check_local_tensors()
         version = self.version + 1
         tic = time.perf_counter()
         sent = 0

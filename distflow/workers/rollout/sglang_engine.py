@@ -26,6 +26,7 @@ import types
 from pathlib import Path
 
 from distflow.cpu_support import apply_environ, cuda_available, sglang_cpu_launch
+from distflow.workers.rollout.engine_state import state_of
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class RolloutSample:
     response_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" (EOS or a stop token, included in response_ids) or "length"
+    weight_version: int = 0
+    """The engine's weight version (engine_state) that produced the sample."""
 
 
 def start_engine(model_path, tp: int = 1, dtype: str = "float32", seed: int = 0, device: str | None = None,
@@ -127,7 +130,12 @@ def generate(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float
     engine's seeded sampler (see start_engine).
     The n samples of a prompt are sent as separate requests in one batch: SGLang's own `n` sends them one
     by one, which makes the batch composition, and so the sampled tokens, depend on timing.
+    Every sample carries the engine's weight version. Raises StaleEngineError, before sending anything, on an
+    engine whose last weight update did not complete (engine_state).
     """
+    state = state_of(engine)
+    state.require_fresh()
+    version = state.version
     requests = [(i, j) for i in range(len(prompt_ids)) for j in range(n)]
     params = []
     for i, j in requests:
@@ -139,27 +147,42 @@ def generate(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float
         params.append(p)
     outputs = engine.generate(input_ids=[list(prompt_ids[i]) for i, _ in requests], sampling_params=params,
                               return_logprob=True)
-    return [_to_sample(i, out) for (i, _), out in zip(requests, outputs)]
+    return [_to_sample(i, out, version) for (i, _), out in zip(requests, outputs)]
 
 
 def update_weights_from_tensors(engine, named_tensors, load_format: str | None = None,
-                                flush_cache: bool = True) -> None:
+                                flush_cache: bool = True, version: int | None = None) -> None:
     """Loads `(name, tensor)` pairs into the running engine, inside the begin/end session SGLang requires.
 
     With load_format None the names are Hugging Face checkpoint names, loaded through the model's
     `load_weights`; "direct" copies into SGLang's own (fused, TP-sharded) parameters.
+    `version`: the weight version the engine serves once this update completes (None: unchanged); the engine
+    is stale (generate refuses it) from the start of the update until it completes.
     """
-    _check(engine.begin_weight_update(), "begin_weight_update")
-    try:
-        _check(engine.update_weights_from_tensor(list(named_tensors), load_format=load_format,
-                                                 flush_cache=flush_cache), "update_weights_from_tensor")
-    finally:
-        _check(engine.end_weight_update(), "end_weight_update")
+    with _updating(engine, version, "update_weights_from_tensor"):
+        _check(engine.begin_weight_update(), "begin_weight_update")
+        try:
+            _check(engine.update_weights_from_tensor(list(named_tensors), load_format=load_format,
+                                                     flush_cache=flush_cache), "update_weights_from_tensor")
+        finally:
+            _check(engine.end_weight_update(), "end_weight_update")
 
 
-def update_weights_from_disk(engine, path) -> None:
-    """Reloads every weight from the checkpoint directory `path` (same architecture)."""
-    _check(engine.update_weights_from_disk(str(path)), f"update_weights_from_disk({path})")
+def update_weights_from_disk(engine, path, version: int | None = None) -> None:
+    """Reloads every weight from the checkpoint directory `path` (same architecture); `version` as above."""
+    with _updating(engine, version, f"update_weights_from_disk({path})"):
+        _check(engine.update_weights_from_disk(str(path)), f"update_weights_from_disk({path})")
+
+
+@contextlib.contextmanager
+def _updating(engine, version: int | None, what: str):
+    """Stale while the update runs; fresh (with `version`) only if it completes."""
+    state = state_of(engine)
+    state.stale_reason = f"{what} did not complete"
+    yield
+    state.stale_reason = None
+    if version is not None:
+        state.version = version
 
 
 def release_memory(engine) -> None:
@@ -379,7 +402,7 @@ def _server_arg_names() -> list[str]:
 
 # --- results -----------------------------------------------------------------------------------------------
 
-def _to_sample(prompt_index: int, out: dict) -> RolloutSample:
+def _to_sample(prompt_index: int, out: dict, weight_version: int) -> RolloutSample:
     meta = out["meta_info"]
     reason = meta["finish_reason"] or {}
     if reason.get("type") not in ("stop", "length"):
@@ -389,7 +412,8 @@ def _to_sample(prompt_index: int, out: dict) -> RolloutSample:
     if [t for _, t, _ in token_logprobs] != ids:
         raise EngineCallError(f"generate: log-probs do not line up with the output tokens ({meta['id']})")
     return RolloutSample(prompt_index=prompt_index, response_ids=ids,
-                         logprobs=[float(lp) for lp, _, _ in token_logprobs], finish_reason=reason["type"])
+                         logprobs=[float(lp) for lp, _, _ in token_logprobs], finish_reason=reason["type"],
+                         weight_version=weight_version)
 
 
 def _check(result, what: str) -> None:

@@ -65,7 +65,7 @@ def check_synced(result):
     # no full-model funnel: with two training ranks holding shards, the busiest sends part of the model
     if not result["case"].startswith("tp=1"):
         assert sync["busiest_sender_bytes"] < sync["total_bytes"]
-    assert set(sync["metrics"]) == {"sync/seconds", "sync/total_bytes", "sync/busiest_rank_bytes", "sync/gb_per_s",
+    assert set(sync["metrics"]) == {"sync/seconds", "sync/bytes", "sync/busiest_rank_bytes", "sync/gbps",
                                     "sync/version", "sync/buckets"}
 
 
