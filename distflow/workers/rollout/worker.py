@@ -6,8 +6,11 @@ globally unique sample ids and prompt-group ids, so the data coordinator can mov
 sample's SampleInfo records the weight version that generated it.
 Engines start with the weight resharder's engine-side loaders (coordination.weights.engine_side), so the
 sync node can push shards into them; weight_version is the version of the last completed sync, on every rank.
+Each engine's processes log to <trainer.output_dir>/engine_logs/engine<i>.log; errors about an engine (a
+failed start, a death during generation or a sync) end with that log's last lines.
 """
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -53,7 +56,8 @@ class RolloutWorker:
 
             self.engine = sglang_engine.start_engine(
                 model_path, tp=placement.engine_tp, dtype=cfg.model.dtype, seed=cfg.trainer.seed + self.engine_index,
-                mem_fraction_static=cfg.rollout.mem_fraction_static, extra_args=engine_args(cfg.rollout.sglang))
+                mem_fraction_static=cfg.rollout.mem_fraction_static, extra_args=engine_args(cfg.rollout.sglang),
+                log_path=engine_log_path(cfg, self.engine_index))
 
     def generate(self, prompts, eos_token_id: int, greedy: bool = False, n: int | None = None) -> PackedBatch | None:
         """Samples rollout.n responses per prompt on this rank's engine; None on ranks without an engine."""
@@ -123,6 +127,11 @@ class RolloutWorker:
 
             sglang_engine.shutdown_engine(self.engine)
             self.engine = None
+
+
+def engine_log_path(cfg, engine_index: int) -> Path:
+    """Where engine `engine_index` writes its processes' output: <trainer.output_dir>/engine_logs/."""
+    return Path(cfg.trainer.output_dir) / "engine_logs" / f"engine{engine_index}.log"
 
 
 def engine_args(user_args: dict) -> dict:
