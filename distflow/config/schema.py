@@ -113,6 +113,11 @@ class RolloutConfig:
 class SyncConfig:
     bucket_mb: int = option(512, "Size bound of one weight-sync bucket, in MB.")
     verify: bool = option(False, "After each sync, compare per-bucket checksums of engine and trainer weights.")
+    method: Literal["auto", "reshard", "full"] = option(
+        "auto", "auto: the layout-aware resharder (each engine rank receives its own shards where the family has "
+        "an SGLang shard layout, else full HF-named tensors staged the same way); reshard: the resharder, "
+        "shards only (an error for families without a shard layout); full: gather the full HF tensors on "
+        "rank 0 and broadcast them to every engine owner (the simple fallback).")
 
 
 @dataclass

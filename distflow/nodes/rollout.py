@@ -13,6 +13,9 @@ def generate(ctx, inputs):
                       "rollout/response_length/max": max(lengths, default=0),
                       "rollout/response_length/min": min(lengths, default=0),
                       "rollout/response_length/clip_ratio": sum(l >= max_new for l in lengths) / max(len(lengths), 1),
-                      "rollout/tokens": samples.num_tokens, "rollout/weight_version": ctx.rollout.weight_version,
+                      "rollout/tokens": samples.num_tokens,
+                      # the oldest weights behind any sample (all equal on-policy)
+                      "rollout/weight_version": min((i.weight_version for i in infos),
+                                                    default=ctx.rollout.weight_version),
                       "rollout/seconds": time.perf_counter() - start})
     return {"samples": samples}

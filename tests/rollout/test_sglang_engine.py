@@ -8,6 +8,8 @@ import json
 import math
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,12 +18,16 @@ from safetensors.torch import load_file
 
 from distflow.testing.launch import torchrun
 from distflow.workers.rollout import (
+    EngineDiedError,
     EngineStartError,
+    StaleEngineError,
+    engine_health,
     generate,
     release_memory,
     resume_memory,
     shutdown_engine,
     start_engine,
+    state_of,
     update_weights_from_disk,
     update_weights_from_tensors,
 )
@@ -150,6 +156,43 @@ def test_scheduler_death_raises_instead_of_killing_the_caller(started, tiny_qwen
     broken = tmp_path / "broken"
     shutil.copytree(tiny_qwen2, broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(EngineStartError, match=f"{broken}.*scheduler died"):
-        start_engine(broken, startup_timeout_s=600)
+    log = tmp_path / "logs" / "broken.log"
+    with pytest.raises(EngineStartError, match=f"{broken}.*scheduler died") as raised:
+        start_engine(broken, startup_timeout_s=600, log_path=log)
+    # The error ends with the engine log's tail, which holds the scheduler's own error.
+    message = str(raised.value)
+    assert f"last lines of the engine log {log}" in message, message
+    assert "SafetensorError" in message.split("last lines of the engine log")[1], message
     assert greedy(started["engine"])
+
+
+def test_engine_dying_during_generate_is_an_error_not_a_hang(tiny_qwen2, tmp_path):
+    """Kill the scheduler while a long generate waits on it: EngineDiedError naming the dead process, with
+    the log's tail; the caller survives, the engine is stale and later calls fail at once."""
+    log = tmp_path / "engine.log"
+    engine = start_engine(tiny_qwen2, seed=0, log_path=log)
+    monitor = engine_health.monitor_of(engine)
+    killed = threading.Event()
+
+    def kill_scheduler_once_generating():
+        while not monitor.in_call:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        for proc in monitor.processes:
+            if "scheduler" in proc.name().lower() or "scheduler" in " ".join(proc.cmdline()).lower():
+                proc.kill()
+                killed.set()
+
+    killer = threading.Thread(target=kill_scheduler_once_generating, daemon=True)
+    killer.start()
+    try:
+        with pytest.raises(EngineDiedError, match="engine process .* died") as raised:
+            generate(engine, PROMPTS * 8, temperature=1.0, max_new_tokens=2000)  # context: 2048
+        killer.join(timeout=30)
+        assert killed.is_set()
+        assert f"last lines of the engine log {log}" in str(raised.value)
+        assert "stale" in str(pytest.raises(StaleEngineError, state_of(engine).require_fresh).value)
+        with pytest.raises(EngineDiedError):  # at once, without waiting on the dead process
+            generate(engine, PROMPTS, max_new_tokens=4)
+    finally:
+        shutdown_engine(engine)

@@ -9,14 +9,15 @@ The trainer's sync node, on every rank (colocated placement):
     engine = start_engine(path, tp=engine_tp, extra_args=engine_side.engine_args())  # engine owners only
     resharder = WeightResharder.for_megatron_worker(actor, placement, cfg.sync, engine=engine)
     stats = resharder.sync()                   # collective; stats.version, stats.metrics() -> "sync/*"
-    version, samples = engine_state.generate(engine, prompts, ...)   # refuses a stale engine
+    samples = sglang_engine.generate(engine, prompts, ...)   # refuses a stale engine; each sample carries
+                                                             # the weight version it was sampled from
 """
-from distflow.coordination.weights import engine_side, engine_state
-from distflow.coordination.weights.engine_state import EngineWeightState, StaleEngineError, state_of
+from distflow.coordination.weights import engine_side
 from distflow.coordination.weights.executor import (EngineDiedError, SyncStats, WeightResharder, WeightSyncError,
                                                     WeightVerifyError, megatron_tensors)
 from distflow.coordination.weights.plan import HF, SHARDS, WeightSyncPlan, plan_weight_sync, sync_mode
+from distflow.workers.rollout.engine_state import EngineWeightState, StaleEngineError, state_of
 
 __all__ = ["HF", "SHARDS", "EngineDiedError", "EngineWeightState", "StaleEngineError", "SyncStats",
            "WeightResharder", "WeightSyncError", "WeightSyncPlan", "WeightVerifyError", "engine_side",
-           "engine_state", "megatron_tensors", "plan_weight_sync", "state_of", "sync_mode"]
+           "megatron_tensors", "plan_weight_sync", "state_of", "sync_mode"]

@@ -12,8 +12,8 @@ into its own parameter). Buckets alternate between the two buffers, so ranks fil
 owner loads bucket b. The whole sync is one begin/end_weight_update session; the last load flushes the
 engine's KV/prefix cache.
 
-Failures: any rank's exception (or the engine dying: its SIGQUIT is turned into an exception while the sync
-runs) is reported in the next status exchange, every rank raises WeightSyncError naming the rank and the
+Failures: any rank's exception (or the engine dying: engine_health fails the waiting engine call within about
+a second, with the engine log's tail) is reported in the next status exchange, every rank raises WeightSyncError naming the rank and the
 cause, and the engine stays marked stale (engine_state). Megatron's weights are only read.
 sync.verify: the owner asks every engine rank for the checksum of each parameter (engine_side.probe) and
 compares, per bucket, with the sum of the shares the senders computed from their own shards.
@@ -25,10 +25,8 @@ import contextlib
 import logging
 import os
 import re
-import signal
 import socket
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -37,9 +35,11 @@ import torch.distributed as dist
 
 from distflow.coordination.weights import checksum as wsum
 from distflow.coordination.weights import engine_side
-from distflow.coordination.weights.engine_state import state_of
 from distflow.coordination.weights.plan import WeightSyncPlan, plan_weight_sync
 from distflow.coordination.weights.regions import narrow
+from distflow.workers.rollout import engine_health
+from distflow.workers.rollout.engine_health import EngineDiedError  # noqa: F401 - re-exported
+from distflow.workers.rollout.engine_state import state_of
 
 logger = logging.getLogger(__name__)
 _LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
@@ -49,10 +49,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 class WeightSyncError(RuntimeError):
     """A weight sync failed; raised on every rank. The engine keeps serving nothing until a sync succeeds."""
-
-
-class EngineDiedError(RuntimeError):
-    """An SGLang engine process died while the weight sync was talking to it."""
 
 
 @dataclass
@@ -74,8 +70,8 @@ class SyncStats:
         return self.total_bytes / max(self.seconds, 1e-9) / 1e9
 
     def metrics(self) -> dict[str, float]:
-        return {"sync/seconds": self.seconds, "sync/total_bytes": float(self.total_bytes),
-                "sync/busiest_rank_bytes": float(self.busiest_sender_bytes), "sync/gb_per_s": self.gb_per_s,
+        return {"sync/seconds": self.seconds, "sync/bytes": float(self.total_bytes),
+                "sync/busiest_rank_bytes": float(self.busiest_sender_bytes), "sync/gbps": self.gb_per_s,
                 "sync/version": float(self.version), "sync/buckets": float(self.buckets)}
 
 
@@ -107,8 +103,6 @@ class WeightResharder:
         self._staging = {}  # (engine, rank, slot) -> tensor, on hosts (own) and writers/owners (opened)
         self._ready = False  # staging buffers allocated and opened on every rank
         self._engine_checked = False
-        self._engine_dead = False
-        self._in_engine_call = False
         self.last_engine_reports = None
         """Owner with verify: each engine rank's probe report after the last sync (engine_side.probe)."""
         self._writes = self._index_writes()
@@ -127,13 +121,19 @@ class WeightResharder:
 
     # ---- the sync ---------------------------------------------------------------------------------------
 
-    def sync(self) -> SyncStats:
-        """Moves the current weights into every engine; returns the same SyncStats on every rank."""
+    def sync(self, local_tensors: dict[str, torch.Tensor] | None = None) -> SyncStats:
+        """Moves the current weights into every engine; returns the same SyncStats on every rank.
+
+        local_tensors: this rank's parameters again (megatron_tensors), for a trainer whose optimizer may have
+        replaced parameter storage since the resharder was built; checked against the plan like the first."""
+        if local_tensors is not None:
+            self.local = local_tensors
+            self._check_local_tensors()
         version = self.version + 1
         tic = time.perf_counter()
         sent = 0
         expected: dict = {}  # (engine, rank, name) -> checksum shares
-        with _file_system_sharing(), self._engine_death_raises():
+        with _file_system_sharing():
             error = None
             if not self._ready:  # first sync (or after a failed one): staging buffers and their handles
                 error, host, handles = self._safe(self._allocate)
@@ -284,7 +284,7 @@ class WeightResharder:
         state = state_of(self.engine)
         if state.stale_reason is not None:
             state.stale_reason = reason
-        if not self._engine_dead:
+        if not engine_health.is_dead(self.engine):
             with contextlib.suppress(Exception):
                 self.engine.end_weight_update()
 
@@ -368,62 +368,14 @@ class WeightResharder:
         return next(iter(self.local.values())).device if self.local else torch.device("cpu")
 
     def _call(self, what: str, method: str, *args, **kwargs):
-        """Calls engine.<method>; raises on SGLang's (False, message) answers and on a dead engine."""
-        if self._engine_dead:
-            raise EngineDiedError(f"engine {self.engine_index} died earlier; not calling {what}")
-        self._in_engine_call = True
-        try:
-            result = getattr(self.engine, method)(*args, **kwargs)
-        except Exception as exc:
-            if self._engine_dead:  # the SIGQUIT handler stopped the engine's event loop
-                raise EngineDiedError(f"an SGLang engine process died during {what} (its log is above)") from exc
-            raise
-        finally:
-            self._in_engine_call = False
+        """Calls engine.<method>; raises on SGLang's (False, message) answers, and EngineDiedError (with the
+        engine log's tail) on a dead engine, within about a second of the death (engine_health)."""
+        result = engine_health.call(self.engine, f"{what} of the weight sync", getattr(self.engine, method),
+                                    *args, **kwargs)
         ok, message = (result[0], result[1]) if isinstance(result, tuple) else (result is not False, "")
         if not ok:
             raise RuntimeError(f"engine {what} failed: {message}")
         return result
-
-    @contextlib.contextmanager
-    def _engine_death_raises(self):
-        """While a sync runs, SGLang's SIGQUIT (sent when an engine process dies) marks the engine dead and
-        stops the engine's event loop, so that the engine call waiting for the dead process fails
-        (EngineDiedError) instead of SGLang ending this process (and the trainer with it) or the call
-        waiting forever. SGLang handles the signal on the engine's event loop once that loop has run a
-        request (TokenizerManager.auto_create_handle_loop); we take that slot for the sync and give it back
-        afterwards, or, after a death, leave a handler that only logs: the engine is gone, the trainer
-        lives on and its next generate is refused as stale."""
-        if self.engine is None or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        manager, loop = self.engine.tokenizer_manager, self.engine.loop
-
-        async def register_sglang_handlers():  # on the engine's loop: outside it SGLang would make a new one
-            manager.auto_create_handle_loop()
-
-        loop.run_until_complete(register_sglang_handlers())  # now, so it does not override ours mid-sync
-
-        def on_sigquit():
-            self._engine_dead = True
-            state_of(self.engine).stale_reason = "an engine process died"
-            logger.error("an SGLang engine process died during the weight sync")
-            if self._in_engine_call:
-                loop.stop()  # the waiting run_until_complete raises
-
-        loop.add_signal_handler(signal.SIGQUIT, on_sigquit)
-        try:
-            yield
-        finally:
-            if self._engine_dead:
-                loop.add_signal_handler(signal.SIGQUIT, _log_sigquit)
-            else:
-                loop.add_signal_handler(signal.SIGQUIT,
-                                        manager.signal_handler_class(manager).running_phase_sigquit_handler)
-
-
-def _log_sigquit():
-    logger.error("SIGQUIT from a dead SGLang engine's process ignored (the engine is marked stale)")
 
 
 class WeightVerifyError(WeightSyncError):

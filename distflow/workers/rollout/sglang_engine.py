@@ -3,8 +3,12 @@
 A thin layer over SGLang's offline Engine API that adds what a training process sharing the engine needs:
 - start-up that cannot take the caller down: SGLang answers a dead child process with SIGQUIT to its
   parent, whose default handler kills the whole process tree (the caller included; rc 137 under a test
-  runner). During start-up we install our own handler, so a failed start raises `EngineStartError`
-  naming the model and the cause, within `startup_timeout_s`;
+  runner). We install our own handler, so a failed start raises `EngineStartError` naming the model and
+  the cause, with the tail of the engine's log, within `startup_timeout_s`;
+- a log file per engine (`log_path`): the engine's processes write their stdout/stderr there, and every
+  error about the engine ends with the log's last lines;
+- calls that cannot hang on a dead engine: engine_health polls the engine's processes, and a call waiting
+  on a dead one raises EngineDiedError (with the log's tail) within a second; so do later calls;
 - an environment that is the caller's again once the engine is up (the CPU overlay from
   `distflow.cpu_support`, and the NCCL/CUDA variables SGLang sets while it starts);
 - weight updates that fail loudly instead of returning `(False, message)`;
@@ -20,12 +24,18 @@ import dataclasses
 import difflib
 import logging
 import os
+import signal
+import sys
+import tempfile
 import threading
 import time
 import types
 from pathlib import Path
 
 from distflow.cpu_support import apply_environ, cuda_available, sglang_cpu_launch
+from distflow.workers.rollout import engine_health
+from distflow.workers.rollout.engine_health import with_log_tail
+from distflow.workers.rollout.engine_state import state_of
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +43,11 @@ logger = logging.getLogger(__name__)
 _OWN_ARGS = {"model_path": "model_path", "tp_size": "tp", "dtype": "dtype", "random_seed": "seed",
              "device": "device", "mem_fraction_static": "mem_fraction_static",
              "max_total_tokens": "max_total_tokens"}
-# On CPU the KV-cache pool is sized from host memory; keep it small unless the caller asks for more.
-_CPU_DEFAULTS = {"mem_fraction_static": 0.05, "max_total_tokens": 16384, "disable_cuda_graph": True}
+# On CPU the KV-cache pool is sized from host memory; max_total_tokens keeps it small unless the caller asks
+# for more. SGLang checks that (free memory after loading the weights) exceeds (1 - mem_fraction_static) x
+# (free memory before): other processes allocating meanwhile (parallel tests, other engines) fail a tight
+# fraction, so leave headroom; the cap on tokens, not the fraction, bounds what the pool takes.
+_CPU_DEFAULTS = {"mem_fraction_static": 0.3, "max_total_tokens": 16384, "disable_cuda_graph": True}
 
 
 class EngineStartError(RuntimeError):
@@ -53,17 +66,22 @@ class RolloutSample:
     response_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" (EOS or a stop token, included in response_ids) or "length"
+    weight_version: int = 0
+    """The engine's weight version (engine_state) that produced the sample."""
 
 
 def start_engine(model_path, tp: int = 1, dtype: str = "float32", seed: int = 0, device: str | None = None,
                  mem_fraction_static: float | None = None, max_total_tokens: int | None = None,
-                 extra_args: dict | None = None, startup_timeout_s: float = 300):
+                 extra_args: dict | None = None, startup_timeout_s: float = 300, log_path=None):
     """Starts an `sglang.Engine` for `model_path` (a local Hugging Face directory or a hub id); returns it.
 
     device None means "cuda" when CUDA is available, else "cpu". `extra_args` are further SGLang
     ServerArgs fields (checked by name first). `seed` seeds the engine's sampler: two engines started with
     the same seed give the same samples for the same sequence of `generate` calls.
-    Raises EngineStartError if the engine is not ready within `startup_timeout_s`.
+    log_path: the file the engine's processes write their output to (appended; its directory is created);
+    None: a new file in the temporary directory. engine_health.log_path_of(engine) returns it.
+    Raises EngineStartError, ending with the log's tail, if the engine is not ready within
+    `startup_timeout_s`.
     """
     device = device or ("cuda" if cuda_available() else "cpu")
     model_path = str(model_path)
@@ -81,19 +99,74 @@ def start_engine(model_path, tp: int = 1, dtype: str = "float32", seed: int = 0,
         _check_model_path(model_path)
         import sglang
 
+        log_path = _new_log_file(log_path)
         tic = time.perf_counter()
         with _StartupGuard(model_path, startup_timeout_s) as guard:
             try:
-                engine = sglang.Engine(**args)
+                with _output_to(log_path):
+                    engine = sglang.Engine(**args)
             except Exception as exc:
                 guard.clean_up_failed_start(exc)
-                raise EngineStartError(guard.describe_failure(exc)) from exc
+                raise EngineStartError(with_log_tail(guard.describe_failure(exc), log_path)) from exc
         if guard.timed_out:  # the deadline passed just as the start finished
             shutdown_engine(engine)
-            raise EngineStartError(guard.describe_failure(TimeoutError()))
-    logger.info("SGLang engine for %s (tp=%d, %s) ready in %.1f s", model_path, tp, device,
-                time.perf_counter() - tic)
+            raise EngineStartError(with_log_tail(guard.describe_failure(TimeoutError()), log_path))
+    _take_sigquit(engine)
+    engine_health.watch(engine, log_path)
+    logger.info("SGLang engine for %s (tp=%d, %s) ready in %.1f s; its log: %s", model_path, tp, device,
+                time.perf_counter() - tic, log_path)
     return engine
+
+
+def _new_log_file(log_path) -> Path:
+    if log_path is None:
+        fd, name = tempfile.mkstemp(prefix="distflow-sglang-", suffix=".log")
+        os.close(fd)
+        return Path(name)
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    return log_path
+
+
+@contextlib.contextmanager
+def _output_to(log_path: Path):
+    """Points this process's stdout and stderr (file descriptors 1 and 2) at `log_path` while the engine
+    spawns its processes, which inherit them: their output lands in the log, the caller's stays its own."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, log_fd):
+            os.close(fd)
+
+
+def _take_sigquit(engine) -> None:
+    """SGLang installs, on the engine's event loop at its first request, a SIGQUIT handler that kills the
+    caller's process tree; install it now and replace it with one that only logs (engine_health's monitor
+    turns a death into an error). Signal handlers belong to the main thread; elsewhere SGLang installs
+    none on the loop and the process handler (_on_engine_sigquit) applies."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    manager = engine.tokenizer_manager
+
+    async def create_sglang_handle_loop():  # on the engine's loop: outside it SGLang would make a new one
+        manager.auto_create_handle_loop()
+
+    engine.loop.run_until_complete(create_sglang_handle_loop())
+    engine.loop.add_signal_handler(signal.SIGQUIT, _log_sigquit)
+
+
+def _log_sigquit():
+    logger.error("SIGQUIT from an SGLang engine process (a child failed); its engine's monitor reports it")
 
 
 def _check_extra_args(extra_args: dict) -> dict:
@@ -127,7 +200,15 @@ def generate(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float
     engine's seeded sampler (see start_engine).
     The n samples of a prompt are sent as separate requests in one batch: SGLang's own `n` sends them one
     by one, which makes the batch composition, and so the sampled tokens, depend on timing.
+    Every sample carries the engine's weight version. Raises StaleEngineError, before sending anything, on an
+    engine whose last weight update did not complete (engine_state).
     """
+    monitor = engine_health.monitor_of(engine)
+    if monitor is not None and monitor.dead_reason is not None:
+        raise monitor.error("generate")
+    state = state_of(engine)
+    state.require_fresh()
+    version = state.version
     requests = [(i, j) for i in range(len(prompt_ids)) for j in range(n)]
     params = []
     for i, j in requests:
@@ -137,29 +218,50 @@ def generate(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float
         if seed is not None:
             p["sampling_seed"] = (seed * 1_000_003 + i * n + j) % 2**63
         params.append(p)
-    outputs = engine.generate(input_ids=[list(prompt_ids[i]) for i, _ in requests], sampling_params=params,
-                              return_logprob=True)
-    return [_to_sample(i, out) for (i, _), out in zip(requests, outputs)]
+    outputs = engine_health.call(engine, "generate", engine.generate,
+                                 input_ids=[list(prompt_ids[i]) for i, _ in requests], sampling_params=params,
+                                 return_logprob=True)
+    return [_to_sample(i, out, version) for (i, _), out in zip(requests, outputs)]
 
 
 def update_weights_from_tensors(engine, named_tensors, load_format: str | None = None,
-                                flush_cache: bool = True) -> None:
+                                flush_cache: bool = True, version: int | None = None) -> None:
     """Loads `(name, tensor)` pairs into the running engine, inside the begin/end session SGLang requires.
 
     With load_format None the names are Hugging Face checkpoint names, loaded through the model's
     `load_weights`; "direct" copies into SGLang's own (fused, TP-sharded) parameters.
+    `version`: the weight version the engine serves once this update completes (None: unchanged); the engine
+    is stale (generate refuses it) from the start of the update until it completes.
     """
-    _check(engine.begin_weight_update(), "begin_weight_update")
-    try:
-        _check(engine.update_weights_from_tensor(list(named_tensors), load_format=load_format,
-                                                 flush_cache=flush_cache), "update_weights_from_tensor")
-    finally:
-        _check(engine.end_weight_update(), "end_weight_update")
+    def call(what, *args, **kwargs):
+        _check(engine_health.call(engine, what, getattr(engine, what), *args, **kwargs), what)
+
+    with _updating(engine, version, "update_weights_from_tensor"):
+        call("begin_weight_update")
+        try:
+            call("update_weights_from_tensor", list(named_tensors), load_format=load_format,
+                 flush_cache=flush_cache)
+        finally:
+            if not engine_health.is_dead(engine):
+                call("end_weight_update")
 
 
-def update_weights_from_disk(engine, path) -> None:
-    """Reloads every weight from the checkpoint directory `path` (same architecture)."""
-    _check(engine.update_weights_from_disk(str(path)), f"update_weights_from_disk({path})")
+def update_weights_from_disk(engine, path, version: int | None = None) -> None:
+    """Reloads every weight from the checkpoint directory `path` (same architecture); `version` as above."""
+    with _updating(engine, version, f"update_weights_from_disk({path})"):
+        _check(engine_health.call(engine, "update_weights_from_disk", engine.update_weights_from_disk, str(path)),
+               f"update_weights_from_disk({path})")
+
+
+@contextlib.contextmanager
+def _updating(engine, version: int | None, what: str):
+    """Stale while the update runs; fresh (with `version`) only if it completes."""
+    state = state_of(engine)
+    state.stale_reason = f"{what} did not complete"
+    yield
+    state.stale_reason = None
+    if version is not None:
+        state.version = version
 
 
 def release_memory(engine) -> None:
@@ -177,6 +279,9 @@ def shutdown_engine(engine, timeout_s: float = 30) -> None:
     import psutil
 
     atexit.unregister(engine.shutdown)
+    monitor = engine_health.monitor_of(engine)
+    if monitor is not None:  # the kills below are no death to report
+        monitor.stop()
     # The liveness watchdog would answer the kills below with SIGQUIT, which kills the caller.
     watchdog = getattr(engine.tokenizer_manager, "_subprocess_watchdog", None)
     if watchdog is not None:
@@ -246,17 +351,14 @@ _start_lock = threading.Lock()
 def _on_engine_sigquit(signum, frame):
     """SIGQUIT handler for the engine's owner (SGLang's children send SIGQUIT when they fail).
 
-    During a start the failure is reported by the start itself (SGLang notices the dead scheduler), so the
-    signal is only logged. Afterwards a dead child leaves the engine unusable: like SGLang's own handler,
-    end the process tree instead of letting the next call wait forever.
+    During a start the failure is reported by the start itself (SGLang notices the dead scheduler);
+    afterwards by the engine's monitor (engine_health), which fails the calls on a dead engine. So the
+    signal is only logged, and the caller (a trainer rank) lives on to report the error.
     """
     if _starts_in_progress:
-        logger.error("an SGLang engine process failed during start-up (its traceback is above)")
-        return
-    from sglang.srt.utils import kill_process_tree
-
-    logger.error("an SGLang engine process died; ending this process and its children")
-    kill_process_tree(os.getpid())
+        logger.error("an SGLang engine process failed during start-up (its log's tail follows the error)")
+    else:
+        logger.error("SIGQUIT from an SGLang engine process (a child failed); its engine's monitor reports it")
 
 
 class _StartupGuard:
@@ -311,8 +413,7 @@ class _StartupGuard:
     def describe_failure(self, exc: Exception) -> str:
         what = (f"did not become ready within {self.timeout_s:.0f} s (startup_timeout_s)" if self.timed_out
                 else f"failed: {type(exc).__name__}: {str(exc).rstrip('.')}")
-        return (f"SGLang engine for model {self.model_path!r} {what}. A scheduler failure prints its "
-                "traceback to stderr above this error.")
+        return f"SGLang engine for model {self.model_path!r} {what}."
 
 
 def _is_multiprocessing_helper(proc) -> bool:
@@ -379,7 +480,7 @@ def _server_arg_names() -> list[str]:
 
 # --- results -----------------------------------------------------------------------------------------------
 
-def _to_sample(prompt_index: int, out: dict) -> RolloutSample:
+def _to_sample(prompt_index: int, out: dict, weight_version: int) -> RolloutSample:
     meta = out["meta_info"]
     reason = meta["finish_reason"] or {}
     if reason.get("type") not in ("stop", "length"):
@@ -389,7 +490,8 @@ def _to_sample(prompt_index: int, out: dict) -> RolloutSample:
     if [t for _, t, _ in token_logprobs] != ids:
         raise EngineCallError(f"generate: log-probs do not line up with the output tokens ({meta['id']})")
     return RolloutSample(prompt_index=prompt_index, response_ids=ids,
-                         logprobs=[float(lp) for lp, _, _ in token_logprobs], finish_reason=reason["type"])
+                         logprobs=[float(lp) for lp, _, _ in token_logprobs], finish_reason=reason["type"],
+                         weight_version=weight_version)
 
 
 def _check(result, what: str) -> None:

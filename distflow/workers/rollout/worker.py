@@ -2,9 +2,15 @@
 
 Colocated placement: an engine spans engine_tp consecutive ranks and its first rank owns the
 sglang.Engine object; only owners generate. Samples leave as a PackedBatch (token runs, no padding) with
-globally unique sample ids and prompt-group ids, so the data coordinator can move them by plan.
+globally unique sample ids and prompt-group ids, so the data coordinator can move them by plan; each
+sample's SampleInfo records the weight version that generated it.
+Engines start with the weight resharder's engine-side loaders (coordination.weights.engine_side), so the
+sync node can push shards into them; weight_version is the version of the last completed sync, on every rank.
+Each engine's processes log to <trainer.output_dir>/engine_logs/engine<i>.log; errors about an engine (a
+failed start, a death during generation or a sync) end with that log's last lines.
 """
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -22,6 +28,8 @@ class SampleInfo:
     data_source: str
     ground_truth: object
     extra_info: dict
+    weight_version: int = 0
+    """The engine weight version (completed syncs) that sampled the response."""
 
 
 def placement_device(cfg) -> str:
@@ -37,6 +45,7 @@ class RolloutWorker:
         self.owner = placement.owns_engine(rank)
         self.engine = None
         self.weight_version = 0
+        self.resharder = None  # the sync node's WeightResharder, built at the first sync
         self.released = False  # colocated: engine memory handed to training between generations
         # Releasing memory frees GPU memory for training; on CPU SGLang has nothing to release (its calls
         # are no-ops there) and asserts if a finishing request is still in flight, so it is skipped.
@@ -47,7 +56,8 @@ class RolloutWorker:
 
             self.engine = sglang_engine.start_engine(
                 model_path, tp=placement.engine_tp, dtype=cfg.model.dtype, seed=cfg.trainer.seed + self.engine_index,
-                mem_fraction_static=cfg.rollout.mem_fraction_static, extra_args=cfg.rollout.sglang)
+                mem_fraction_static=cfg.rollout.mem_fraction_static, extra_args=engine_args(cfg.rollout.sglang),
+                log_path=engine_log_path(cfg, self.engine_index))
 
     def generate(self, prompts, eos_token_id: int, greedy: bool = False, n: int | None = None) -> PackedBatch | None:
         """Samples rollout.n responses per prompt on this rank's engine; None on ranks without an engine."""
@@ -85,7 +95,8 @@ class RolloutWorker:
             lp[len(prompt.input_ids):] = torch.tensor(s.logprobs, dtype=torch.float32)
             logprobs.append(lp)
             self.infos[sample_id] = SampleInfo(len(prompt.input_ids), list(s.response_ids), s.finish_reason,
-                                               prompt.data_source, prompt.ground_truth, prompt.extra_info)
+                                               prompt.data_source, prompt.ground_truth, prompt.extra_info,
+                                               s.weight_version)
         return PackedBatch.from_samples(ids, groups, {"input_ids": tokens, "response_mask": masks,
                                                       "rollout_logprobs": logprobs})
 
@@ -94,11 +105,21 @@ class RolloutWorker:
         from distflow.workers.rollout import sglang_engine
 
         if self.owner:
-            if self.released:  # weights can only be written into resident memory
-                sglang_engine.resume_memory(self.engine)
-                self.released = False
-            sglang_engine.update_weights_from_tensors(self.engine, named_tensors)
+            self.make_resident()
+            sglang_engine.update_weights_from_tensors(self.engine, named_tensors, version=self.weight_version + 1)
         self.weight_version += 1
+
+    def make_resident(self) -> None:
+        """Owners: brings released engine memory back; weights can only be written into resident memory."""
+        if self.owner and self.released:
+            from distflow.workers.rollout import sglang_engine
+
+            sglang_engine.resume_memory(self.engine)
+            self.released = False
+
+    def weights_synced(self, version: int) -> None:
+        """Called on every rank after a completed sync (the resharder versions the engine itself)."""
+        self.weight_version = version
 
     def close(self) -> None:
         if self.engine is not None:
@@ -106,3 +127,19 @@ class RolloutWorker:
 
             sglang_engine.shutdown_engine(self.engine)
             self.engine = None
+
+
+def engine_log_path(cfg, engine_index: int) -> Path:
+    """Where engine `engine_index` writes its processes' output: <trainer.output_dir>/engine_logs/."""
+    return Path(cfg.trainer.output_dir) / "engine_logs" / f"engine{engine_index}.log"
+
+
+def engine_args(user_args: dict) -> dict:
+    """The user's rollout.sglang ServerArgs plus the weight resharder's engine-side loaders."""
+    from distflow.coordination.weights import engine_side
+
+    args = dict(user_args)
+    loaders = list(args.get("custom_weight_loader") or [])
+    args["custom_weight_loader"] = loaders + [n for n in engine_side.engine_args()["custom_weight_loader"]
+                                              if n not in loaders]
+    return args

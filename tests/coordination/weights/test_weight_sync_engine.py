@@ -2,7 +2,7 @@
 
 Job A: tiny Qwen2 (tied embeddings, q/k/v biases, vocabulary 300: padded differently by Megatron and
 SGLang), engine TP1 on rank 0; Megatron trained one step at TP2, PP2 and TP1 (DP2), then synced.
-Job B: tiny Llama (untied lm_head), engine TP2 spanning both ranks; Megatron at TP2 and PP2.
+Job B: tiny Llama (untied lm_head), engine TP2 spanning both ranks; Megatron at TP2, PP2 and TP1 (DP2).
 Job C: tiny Mixtral trained at EP2 (each rank owns half the experts), through the HF-named fallback
 (SGLang has no shard layout here for MoE), engine TP1.
 After every sync: the engine's greedy log-probs match Megatron's on the same tokens, and its greedy output
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 JOB = Path(__file__).parent / "jobs" / "weight_sync_job.py"
 CASES_A = ["tp=2+counted", "pp=2+hf", "tp=1+fault,corrupt", "tp=2+kill"]
-CASES_B = ["tp=2+counted", "pp=2+hf"]
+CASES_B = ["tp=2+counted", "pp=2+hf", "tp=1+counted"]
 CASES_C = ["ep=2"]
 TOLERANCE = 1e-3  # mean |log-prob difference|, fp32
 
@@ -65,7 +65,7 @@ def check_synced(result):
     # no full-model funnel: with two training ranks holding shards, the busiest sends part of the model
     if not result["case"].startswith("tp=1"):
         assert sync["busiest_sender_bytes"] < sync["total_bytes"]
-    assert set(sync["metrics"]) == {"sync/seconds", "sync/total_bytes", "sync/busiest_rank_bytes", "sync/gb_per_s",
+    assert set(sync["metrics"]) == {"sync/seconds", "sync/bytes", "sync/busiest_rank_bytes", "sync/gbps",
                                     "sync/version", "sync/buckets"}
 
 
@@ -86,7 +86,8 @@ def test_moe_ep2_syncs_through_the_hf_fallback(job_c):
     assert set(result["sync"]["sender_bytes"]) == {"0", "1"}  # the experts come from both EP ranks
 
 
-@pytest.mark.parametrize("job,case", [("job_a", "tp=2+counted"), ("job_b", "tp=2+counted")])
+@pytest.mark.parametrize("job,case", [("job_a", "tp=2+counted"), ("job_b", "tp=2+counted"),
+                                      ("job_b", "tp=1+counted")])
 def test_each_engine_rank_receives_exactly_its_shards(request, job, case):
     result = request.getfixturevalue(job)[case]
     counted = result["counted"]
@@ -117,6 +118,7 @@ def test_verify_names_the_parameter_that_differs(job_a):
 def test_engine_killed_mid_sync_is_an_error_not_a_hang(job_a):
     result = job_a["tp=2+kill"]
     assert "died" in result["kill_raised"], result["kill_raised"]
-    assert result["kill_seconds"] < 60
+    assert "last lines of the engine log" in result["kill_raised"], result["kill_raised"]  # the engine's own words
+    assert result["kill_seconds"] < 60  # a bound against a hang (the monitor polls every 0.5 s), not a timing
     assert result["megatron_intact"]
     assert "stale" in result["stale_refused"]

@@ -99,12 +99,14 @@ def likelihood_loss(logprobs, entropy, micro_batch):
 
 
 def greedy(engine):
-    from distflow.coordination.weights import engine_state
+    from distflow.workers.rollout import generate, state_of
 
-    engine_state.state_of(engine).require_fresh()  # before touching an engine that may be dead
+    state_of(engine).require_fresh()  # before touching an engine that may be dead
     engine.flush_cache()
-    version, samples = engine_state.generate(engine, PROMPTS, temperature=0.0, max_new_tokens=NEW_TOKENS)
-    return version, [(s.response_ids, s.logprobs) for s in samples]
+    samples = generate(engine, PROMPTS, temperature=0.0, max_new_tokens=NEW_TOKENS)
+    versions = {s.weight_version for s in samples}
+    assert len(versions) == 1, versions
+    return versions.pop(), [(s.response_ids, s.logprobs) for s in samples]
 
 
 def broadcast(obj):

@@ -1,8 +1,9 @@
 """The weight version an engine serves, and whether its weights can be trusted (not half-updated).
 
-Kept on the rank that owns the sglang.Engine object. A sync marks the engine stale before it moves the first
-byte and fresh (with the next version) only after the last bucket is loaded and checked; an interrupted
-sync leaves it stale, and `generate` refuses to sample from it until a sync completes.
+Kept on the rank that owns the sglang.Engine object. A weight update marks the engine stale before it moves
+the first byte and fresh (with the new version) only after the last byte is loaded and checked; an
+interrupted update, or a dead engine process, leaves it stale, and `sglang_engine.generate` refuses to
+sample from it until an update completes.
 """
 import weakref
 from dataclasses import dataclass
@@ -35,16 +36,3 @@ def state_of(engine) -> EngineWeightState:
     if state is None:
         state = _states[engine] = EngineWeightState()
     return state
-
-
-def generate(engine, prompt_ids, **sampling):
-    """rollout.generate on an engine whose weights are fresh; returns (weight version, samples).
-
-    Every sample of the call was produced by that weight version. Raises StaleEngineError otherwise.
-    """
-    from distflow.workers.rollout import generate as engine_generate
-
-    state = state_of(engine)
-    state.require_fresh()
-    version = state.version
-    return version, engine_generate(engine, prompt_ids, **sampling)

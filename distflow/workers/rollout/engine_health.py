@@ -1,0 +1,168 @@
+"""Liveness of a running SGLang engine's processes, and engine calls that fail instead of hanging when one dies.
+
+SGLang's engine object lives in the caller's process; its schedulers (one per engine TP rank) and its
+detokenizer are child processes. A call (generate, a weight update) waits on them through ZeroMQ with no
+timeout, so a dead child would make it wait forever; SGLang's own answer (a SIGQUIT to the caller, whose
+handler kills the caller's whole process tree) takes the trainer down without saying why.
+
+Here each engine gets an EngineMonitor (started by sglang_engine.start_engine): a daemon thread polls its
+processes every `poll_s`; when one is gone it marks the engine dead and stale (engine_state), and if a call
+is waiting it stops the engine's event loop, so the call raises EngineDiedError with the tail of the
+engine's log, within about poll_s. Later calls raise EngineDiedError at once. SIGQUIT from SGLang's
+children is only logged (the monitor decides).
+"""
+import logging
+import threading
+import weakref
+from pathlib import Path
+
+from distflow.workers.rollout.engine_state import state_of
+
+logger = logging.getLogger(__name__)
+_monitors: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+TAIL_LINES = 40
+
+
+class EngineDiedError(RuntimeError):
+    """A process of the SGLang engine died; the engine serves nothing more (restart it)."""
+
+
+def log_tail(path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
+    """The last `lines` lines of the log at `path` (at most max_bytes), or a note why there are none."""
+    if path is None:
+        return "(no engine log captured)"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            text = f.read().decode(errors="replace")
+    except OSError as exc:
+        return f"(engine log {path} unreadable: {exc})"
+    return "\n".join(text.splitlines()[-lines:]) or f"(engine log {path} is empty)"
+
+
+def with_log_tail(message: str, path) -> str:
+    return f"{message}\n--- last lines of the engine log {path} ---\n{log_tail(path)}\n--- end of the engine log ---"
+
+
+class EngineMonitor:
+    """Watches one engine's child processes (psutil.Process objects taken at start, so a reused pid is no
+    false alarm). Call `call()` around every request that waits on the engine."""
+
+    def __init__(self, engine, processes, log_path, poll_s: float = 0.5):
+        self.processes, self.log_path, self.poll_s = list(processes), log_path, poll_s
+        self.loop = engine.loop
+        self._engine = weakref.ref(engine)
+        self.dead_reason: str | None = None
+        self.in_call = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="sglang-engine-monitor", daemon=True)
+
+    def start(self) -> "EngineMonitor":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Before the engine is shut down on purpose."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5 * self.poll_s)
+
+    def _dead_process(self) -> str | None:
+        import psutil
+
+        for proc in self.processes:
+            try:
+                alive = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                alive = False
+            if not alive:
+                return f"engine process {proc.pid} ({_name(proc)}) died"
+        return None
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            reason = self._dead_process()
+            if reason is not None:
+                self.mark_dead(reason)
+                return
+
+    def _record(self, reason: str) -> None:
+        self.dead_reason = reason
+        engine = self._engine()
+        if engine is not None:
+            state_of(engine).stale_reason = reason
+        logger.error("SGLang engine: %s (log: %s)", reason, self.log_path)
+
+    def mark_dead(self, reason: str) -> None:
+        self._record(reason)
+        # A waiting call sees the loop stop (run_until_complete raises). Set after dead_reason, read after
+        # in_call in call(): either the call sees the death first or the loop is stopped under it.
+        if self.in_call:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def error(self, what: str) -> EngineDiedError:
+        return EngineDiedError(with_log_tail(f"SGLang engine: {self.dead_reason} (during or before {what}); "
+                                             "it serves nothing more", self.log_path))
+
+    def call(self, what: str, fn, *args, **kwargs):
+        """fn(*args, **kwargs); raises EngineDiedError (with the log tail) if the engine is or becomes dead."""
+        self.in_call = True
+        try:
+            if self.dead_reason is not None:
+                raise self.error(what)
+            return fn(*args, **kwargs)
+        except EngineDiedError:
+            raise
+        except BaseException as exc:
+            if self.dead_reason is None and (reason := self._dead_process()) is not None:
+                self._record(reason)  # died since the last poll
+            if self.dead_reason is not None:
+                raise self.error(what) from exc
+            raise
+        finally:
+            self.in_call = False
+
+
+def _name(proc) -> str:
+    try:
+        return proc.name()
+    except Exception:  # noqa: BLE001 - a dead process may have no name left
+        return "?"
+
+
+def watch(engine, log_path, poll_s: float = 0.5) -> EngineMonitor:
+    """Starts monitoring `engine`'s child processes (sglang_engine.start_engine calls this)."""
+    import psutil
+
+    processes = []
+    for pid in engine.get_all_child_pids():
+        try:
+            processes.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            raise EngineDiedError(with_log_tail(f"SGLang engine process {pid} died during start-up", log_path))
+    monitor = _monitors[engine] = EngineMonitor(engine, processes, log_path, poll_s).start()
+    return monitor
+
+
+def monitor_of(engine) -> EngineMonitor | None:
+    return _monitors.get(engine)
+
+
+def call(engine, what: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs) guarded by the engine's monitor (unguarded for an engine without one)."""
+    monitor = _monitors.get(engine)
+    if monitor is None:
+        return fn(*args, **kwargs)
+    return monitor.call(what, fn, *args, **kwargs)
+
+
+def is_dead(engine) -> bool:
+    monitor = _monitors.get(engine)
+    return monitor is not None and monitor.dead_reason is not None
+
+
+def log_path_of(engine) -> Path | None:
+    monitor = _monitors.get(engine)
+    return None if monitor is None else monitor.log_path
