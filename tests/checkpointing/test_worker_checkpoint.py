@@ -1,8 +1,9 @@
-"""Checkpoints of real Megatron-Core workers (gloo, 2 CPU processes).
+"""Checkpoints of real Megatron-Core workers (gloo, 2 CPU processes): exact resume, a crash mid-save.
 
 - resume: train 2 steps, checkpoint, train 2 more; a fresh worker that resumes from the checkpoint trains the
   same 2 steps to the same metrics and weights (model, Adam state, LR schedule, RNG and loader position
   restored), at TP=2 (sharded tensors) and DP=2 (per-rank RNG states that differ);
+- crash: a job killed half-way through saving step 2 leaves `latest` at step 1, and resuming loads step 1;
 """
 import json
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from distflow.models.tiny import make_tiny_model
-from distflow.testing.launch import torchrun
+from distflow.testing.launch import JobFailed, torchrun
 
 JOB = Path(__file__).parent / "jobs" / "checkpoint_job.py"
 
@@ -46,3 +47,18 @@ def test_resume_continues_exactly(model, tmp_path, tp):
     assert straight["metrics"][0]["lr"] != straight["metrics"][1]["lr"]  # the schedule moves (warm-up)
     for name, tensor in straight["weights"].items():
         assert torch.equal(tensor, resumed["weights"][name]), name
+
+
+def test_crash_mid_save_keeps_previous_checkpoint(model, tmp_path):
+    with pytest.raises(JobFailed, match="exit code") as failed:
+        run_case(model, tmp_path, "crash")
+    assert "fault injected half-way through the checkpoint save" in str(failed.value)
+    root = tmp_path / "checkpoints"
+    assert (root / "latest").read_text().strip() == "step_1"
+    assert (root / ".incomplete_step_2" / "actor").is_dir()  # the half-written save, never read
+    assert not (root / "step_2").exists()
+    restored = run_case(model, tmp_path, "after_crash")
+    assert restored["start"] == 1
+    saved = torch.load(tmp_path / "weights_step1.pt")
+    for name, tensor in saved.items():
+        assert torch.equal(tensor, restored["weights"][name]), name

@@ -6,7 +6,7 @@ The world is one actor layout (tp=, dp= from the world size). Training batches a
 generator, one per step, each rank taking its data-parallel share. Cases:
   straight  trains steps 1..4 with a checkpoint at step 2; writes the metrics and weights of steps 3..4
   resumed   a fresh worker resumes (checkpoint.resume=auto) from RUN_DIR and trains steps 3..4; writes the same
-  crash     saves step 1, trains step 2, then dies (os._exit) half-way through saving step 2
+  crash     saves step 1, trains step 2, then fails (an exception on every rank) half-way through saving step 2
   after_crash  resumes from RUN_DIR; writes the restored step and the weights (those saved at step 1)
   nan       steps whose loss is NaN are skipped; max_consecutive_bad_steps in a row raise
 Rank 0 writes RUN_DIR/<case>.pt.
@@ -143,7 +143,9 @@ def main() -> None:
         def save_then_die(w, folder):  # the model/optimizer shards are written, rank files and meta are not
             real_save(w, folder)
             dist.barrier()
-            os._exit(17)
+            # An exception rather than os._exit: Megatron's writer keeps a spawned multiprocessing manager,
+            # which a hard exit orphans (it would hold the job's output pipe open).
+            raise RuntimeError("fault injected half-way through the checkpoint save")
 
         trainer_state.save_worker = save_then_die
         ckpt.save(2, {"actor": worker}, loader, run_id="run0")
