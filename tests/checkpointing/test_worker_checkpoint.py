@@ -1,9 +1,11 @@
-"""Checkpoints of real Megatron-Core workers (gloo, 2 CPU processes): exact resume, a crash mid-save.
+"""Checkpoints of real Megatron-Core workers (gloo, 2 CPU processes): exact resume, a crash mid-save, NaN steps.
 
 - resume: train 2 steps, checkpoint, train 2 more; a fresh worker that resumes from the checkpoint trains the
   same 2 steps to the same metrics and weights (model, Adam state, LR schedule, RNG and loader position
   restored), at TP=2 (sharded tensors) and DP=2 (per-rank RNG states that differ);
 - crash: a job killed half-way through saving step 2 leaves `latest` at step 1, and resuming loads step 1;
+- NaN loss: the step is skipped (weights unchanged, reported as nan_loss/skipped_steps); three in a row stop
+  the worker with a clear error, and a good step in between resets the count.
 """
 import json
 from pathlib import Path
@@ -62,3 +64,15 @@ def test_crash_mid_save_keeps_previous_checkpoint(model, tmp_path):
     saved = torch.load(tmp_path / "weights_step1.pt")
     for name, tensor in saved.items():
         assert torch.equal(tensor, restored["weights"][name]), name
+
+
+def test_nan_loss_skips_the_step_then_stops(model, tmp_path):
+    r = run_case(model, tmp_path, "nan", tp=2)
+    for name, tensor in r["before"].items():
+        assert torch.equal(tensor, r["after_bad"][name]), name  # skipped steps leave the weights alone
+    assert [m["nan_loss"] for m in r["bad"]] == [1.0, 1.0]
+    assert [m["skipped_steps"] for m in r["bad"]] == [1.0, 1.0]
+    assert r["good"][0]["nan_loss"] == 0.0 and r["good"][0]["skipped_steps"] == 0.0
+    assert len(r["bad_again"]) == 2  # the good step reset the count: two more bad ones do not stop it
+    assert r["error"] is not None and "3 optimizer steps in a row" in r["error"]
+    assert "trainer.max_consecutive_bad_steps=3" in r["error"]
