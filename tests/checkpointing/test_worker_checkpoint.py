@@ -3,7 +3,7 @@
 - resume: train 2 steps, checkpoint, train 2 more; a fresh worker that resumes from the checkpoint trains the
   same 2 steps to the same metrics and weights (model, Adam state, LR schedule, RNG and loader position
   restored), at TP=2 (sharded tensors) and DP=2 (per-rank RNG states that differ);
-- crash: a job killed half-way through saving step 2 leaves `latest` at step 1, and resuming loads step 1;
+- crash: a save that fails half-way (step 2) leaves `latest` at step 1, and resuming loads step 1;
 - NaN loss: the step is skipped (weights unchanged, reported as nan_loss/skipped_steps); three in a row stop
   the worker with a clear error, and a good step in between resets the count.
 """
