@@ -13,6 +13,7 @@ import torch.distributed as dist
 def run(ctx) -> None:
     from transformers import AutoTokenizer
 
+    from distflow.checkpointing import Checkpointer
     from distflow.coordination.data import DataCoordinator
     from distflow.dag.controller import RankController
     from distflow.dag.data_mover import CoordinatorMover
@@ -32,6 +33,7 @@ def run(ctx) -> None:
     check_algorithm(cfg)
     pipeline = load_pipeline(cfg)
     out_dir = Path(cfg.trainer.output_dir)
+    checkpointer = Checkpointer(cfg.checkpoint, out_dir, ctx.rank, ctx.world_size)  # checks checkpoint.resume
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or cfg.model.path)
     n = cfg.rollout.n
     mini = cfg.actor.mini_batch_size or cfg.data.train_batch_size
@@ -57,7 +59,10 @@ def run(ctx) -> None:
         node_ctx.reward_pool = RewardPool.from_config(cfg.reward)
         loader = PromptLoader.from_config(cfg.data, train_set, node_ctx.rollout.engine_index, placement.num_engines)
     node_ctx.prompt_loader = loader  # dynamic sampling draws its extra rounds from the same data order
-    tracker = Tracker(cfg.tracking, out_dir, rank=ctx.rank, config=_as_dict(cfg))
+    tracker = Tracker(cfg.tracking, out_dir, rank=ctx.rank, config=_as_dict(cfg), **checkpointer.tracker_resume())
+    trainable = {role: w for role, w in (("actor", node_ctx.actor), ("critic", node_ctx.critic)) if w is not None}
+    for worker in trainable.values():
+        worker.max_consecutive_bad_steps = cfg.trainer.max_consecutive_bad_steps
     coordinator = DataCoordinator(timeout_s=cfg.trainer.dist_timeout_s)
     failure = FailureSignal.from_default_group().start()
     controller = RankController(pipeline, node_ctx, ctx.rank, ranks_of_role(cluster),
@@ -65,7 +70,14 @@ def run(ctx) -> None:
     ctx.log(f"pipeline {pipeline.name}: {' -> '.join(n.id for n in controller.order)}; "
             f"{len(train_set)} training prompts, {cfg.data.train_batch_size} x {n} samples per step")
 
-    if cfg.trainer.sft_warmup_steps:
+    start_step = checkpointer.restore(trainable, loader)
+    if start_step:  # the engines get the restored actor; the warm-up is part of what was restored
+        from distflow.nodes.sync import sync_weights
+
+        sync_weights(node_ctx, {})
+        node_ctx.rollout.weight_version = checkpointer.meta["rollout_weight_version"]
+        ctx.log(f"resumed from {checkpointer.resume_from} after step {start_step}")
+    elif cfg.trainer.sft_warmup_steps:
         from distflow.nodes.sync import sync_weights
         from distflow.nodes.warmup import reference_from_actor, sft_warmup
 
@@ -76,9 +88,10 @@ def run(ctx) -> None:
             reference_from_actor(node_ctx)
         ctx.log(f"supervised warm-up: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
-    for step in range(1, cfg.trainer.total_steps + 1):
+    for step in range(start_step + 1, cfg.trainer.total_steps + 1):
         start = time.perf_counter()
         node_ctx.metrics = {}
+        node_ctx.rollout.step = step  # sampling seeds are a function of (trainer.seed, step, sample)
         result = controller.run_step({"prompts": next(loader) if loader else None})
         metrics = {f"timing_s/{k}": v for k, v in result.timing_s.items()}
         metrics.update(_mean_over_ranks(node_ctx.metrics))
@@ -89,6 +102,9 @@ def run(ctx) -> None:
         if val_set is not None and cfg.trainer.val_every and (step % cfg.trainer.val_every == 0 or step == 1):
             metrics.update(_validate(node_ctx, val_set, cfg, placement))
         tracker.log(metrics, step)
+        if checkpointer.should_save(step, cfg.trainer.total_steps):
+            checkpointer.save(step, trainable, loader, tracker.run_id,
+                              rollout_weight_version=node_ctx.rollout.weight_version)
     tracker.close()
     failure.stop()
     state = node_ctx.actor.export_hf_state()

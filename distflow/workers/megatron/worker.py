@@ -15,6 +15,8 @@ Alignment: logprobs[:, t] = log p(input_ids[:, t] | input_ids[:, :t]) and entrop
 that same distribution; values[:, t] is the critic's value of the state just before token t (computed
 from position t - 1). Position 0 has none (0), and so do padding positions.
 """
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -25,6 +27,10 @@ from distflow.workers.megatron.vocab_parallel import logprobs_and_entropy, shift
 
 ROLES = ("actor", "ref", "critic", "reward")
 HEADED_ROLES = ("critic", "reward")  # a scalar head replaces the vocabulary output layer
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many optimizer steps in a row had a NaN/Inf loss (see MegatronWorker.max_consecutive_bad_steps)."""
 
 
 class MegatronWorker:
@@ -162,7 +168,8 @@ class MegatronWorker:
 
         Returns: each loss_fn metric and "loss" (token-weighted over each mini-batch, then averaged over
         optimizer steps), "grad_norm" (before clipping, averaged over steps), "lr" (of the last step),
-        "optimizer_steps", "skipped_steps" (non-finite gradients under fp16), "micro_batches".
+        "optimizer_steps", "skipped_steps" (NaN/Inf loss, or non-finite gradients under fp16), "nan_loss" (steps
+        with a NaN/Inf loss: skipped; max_consecutive_bad_steps in a row raise NonFiniteLossError), "micro_batches".
         """
         assert self.trains, "the reference model is forward-only"
         batch = self._to_device(batch)
@@ -202,13 +209,27 @@ class MegatronWorker:
 
         payloads = steps.run_schedule(self.model, micro_batches, forward_only=False, output_fn=output_fn)
         lr = self.optimizer.param_groups[0]["lr"]
-        ok, grad_norm, _ = self.optimizer.step()
+        metrics = _reduce_loss_metrics(payloads)  # the same on every rank of the role
+        # A NaN/Inf loss leaves NaN gradients: skip the update (parameters, Adam state and LR schedule stay).
+        finite = math.isfinite(metrics["loss"])
+        ok, grad_norm, _ = self.optimizer.step() if finite else (False, float("nan"), None)
         if ok:
             self.scheduler.step(increment=1)
-        metrics = _reduce_loss_metrics(payloads)
+        self._check_bad_steps(finite)
         metrics.update(grad_norm=float(grad_norm or 0.0), lr=lr, skipped_steps=float(not ok),
-                       micro_batches=float(len(micro_batches)))
+                       nan_loss=float(not finite), micro_batches=float(len(micro_batches)))
         return metrics
+
+    max_consecutive_bad_steps = 3  # the trainer sets trainer.max_consecutive_bad_steps
+    _bad_steps_in_a_row = 0
+
+    def _check_bad_steps(self, finite: bool) -> None:
+        self._bad_steps_in_a_row = 0 if finite else self._bad_steps_in_a_row + 1
+        if self._bad_steps_in_a_row >= self.max_consecutive_bad_steps:
+            raise NonFiniteLossError(
+                f"{self.role}: the loss was NaN/Inf in {self._bad_steps_in_a_row} optimizer steps in a row (each "
+                f"update skipped); stopping (trainer.max_consecutive_bad_steps={self.max_consecutive_bad_steps}). "
+                "Check the learning rate, the data and the loss inputs (advantages, log-probs) of these steps")
 
     # ---- pieces ---------------------------------------------------------------------------------------
 
@@ -303,6 +324,6 @@ def _reduce_loss_metrics(payloads: list[dict]) -> dict:
 def _average_steps(per_step: list[dict]) -> dict:
     out = {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}
     out.update(lr=per_step[-1]["lr"], optimizer_steps=float(len(per_step)),
-               skipped_steps=sum(m["skipped_steps"] for m in per_step),
+               skipped_steps=sum(m["skipped_steps"] for m in per_step), nan_loss=sum(m["nan_loss"] for m in per_step),
                micro_batches=sum(m["micro_batches"] for m in per_step))
     return out

@@ -47,7 +47,8 @@ _OWN_ARGS = {"model_path": "model_path", "tp_size": "tp", "dtype": "dtype", "ran
 # for more. SGLang checks that (free memory after loading the weights) exceeds (1 - mem_fraction_static) x
 # (free memory before): other processes allocating meanwhile (parallel tests, other engines) fail a tight
 # fraction, so leave headroom; the cap on tokens, not the fraction, bounds what the pool takes.
-_CPU_DEFAULTS = {"mem_fraction_static": 0.3, "max_total_tokens": 16384, "disable_cuda_graph": True}
+_CPU_DEFAULTS = {"mem_fraction_static": 0.3, "max_total_tokens": 16384, "disable_cuda_graph": True,
+                 "enable_custom_logit_processor": True}  # for seeded sampling (seeded_sampling.py)
 
 
 class EngineStartError(RuntimeError):
@@ -196,7 +197,9 @@ def generate(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float
     Log-probs are SGLang's rollout log-probs: log-softmax of logits / temperature (top-p/top-k do not
     renormalise them); temperature 0 is greedy, with log-probs of the unscaled logits.
     `seed` gives every sample its own SGLang `sampling_seed`, which SGLang honours only on engines started
-    with `enable_deterministic_inference` (GPU attention backends); otherwise samples come from the
+    with `enable_deterministic_inference` (GPU attention backends); engines started with
+    `enable_custom_logit_processor` (the CPU default) get seeded_sampling's stand-in instead, so the samples
+    depend on the seeds, not on the calls the engine served before; otherwise samples come from the
     engine's seeded sampler (see start_engine).
     The n samples of a prompt are sent as separate requests in one batch: SGLang's own `n` sends them one
     by one, which makes the batch composition, and so the sampled tokens, depend on timing.
@@ -210,6 +213,9 @@ def generate(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float
     state.require_fresh()
     version = state.version
     requests = [(i, j) for i in range(len(prompt_ids)) for j in range(n)]
+    from distflow.workers.rollout import seeded_sampling  # imports SGLang: only once an engine runs
+
+    processor = seeded_sampling.processor_for(engine) if seed is not None else None
     params = []
     for i, j in requests:
         p = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)
@@ -217,10 +223,13 @@ def generate(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float
             p["stop_token_ids"] = list(stop_token_ids)
         if seed is not None:
             p["sampling_seed"] = (seed * 1_000_003 + i * n + j) % 2**63
+            if processor is not None:
+                p["custom_params"] = {"sampling_seed": p["sampling_seed"]}
         params.append(p)
     outputs = engine_health.call(engine, "generate", engine.generate,
                                  input_ids=[list(prompt_ids[i]) for i, _ in requests], sampling_params=params,
-                                 return_logprob=True)
+                                 return_logprob=True,
+                                 custom_logit_processor=[processor] * len(requests) if processor else None)
     return [_to_sample(i, out, version) for (i, _), out in zip(requests, outputs)]
 
 

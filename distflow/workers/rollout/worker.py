@@ -39,6 +39,8 @@ def placement_device(cfg) -> str:
 
 
 class RolloutWorker:
+    step = 0  # the RL step being generated (set by the trainer); part of every sampling seed
+
     def __init__(self, cfg, placement, rank: int, model_path: str):
         self.cfg, self.rank = cfg, rank
         self.engine_index = placement.engine_of(rank)
@@ -73,7 +75,10 @@ class RolloutWorker:
         outs = sglang_engine.generate(
             self.engine, [p.input_ids for p in prompts], n=n, temperature=0.0 if greedy else r.temperature,
             top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
-            stop_token_ids=sorted({eos_token_id, *r.stop_token_ids}))
+            stop_token_ids=sorted({eos_token_id, *r.stop_token_ids}),
+            # A function of (trainer.seed, step, engine) [+ prompt, sample in generate]: a resumed run samples
+            # what the uninterrupted one would have, whatever its engine generated before.
+            seed=None if greedy else (self.cfg.trainer.seed * 1_000_003 + self.step) * 4099 + self.engine_index)
         if self.release_between_steps:
             sglang_engine.release_memory(self.engine)
             self.released = True

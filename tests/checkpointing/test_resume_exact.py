@@ -1,0 +1,61 @@
+"""Exact resume of the real product (`distflow.train`, 2 CPU processes, Megatron actor at TP=2, one SGLang
+engine per rank, GRPO on the tiny copy task): 4 steps straight vs the same run resumed, in a fresh job with
+fresh engines, from its step-2 checkpoint. Steps 3 and 4 must give the same metrics (<= 1e-6) and the same
+final weights. This needs every piece of state: Megatron model + Adam state + LR schedule, each rank's RNG and
+prompt-loader position, the engines' weights (synced from the restored actor), and sampling seeds that are a
+function of (trainer.seed, step, sample) rather than of what the engine generated before.
+"""
+import json
+import shutil
+import sys
+
+import pytest
+from safetensors.torch import load_file
+
+from distflow.models.tiny import make_tiny_model
+from distflow.testing.launch import run, torchrun
+
+# Wall-clock metrics differ between any two runs; everything else must match.
+_TIMED = ("timing_s/", "perf/", "sync/seconds", "sync/gbps", "rollout/seconds")
+TOL = 1e-6
+
+
+def _records(path):
+    return {r["step"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+@pytest.mark.slow
+def test_resume_gives_the_same_steps(tmp_path):
+    model = make_tiny_model("qwen2", tmp_path / "tiny-qwen2", vocab=300)
+    data = tmp_path / "copy"
+    run([sys.executable, "tools/prepare_data.py", "copy", "--out", data, "--digits", "4", "--train", "200",
+         "--test", "8", "--seed", "1"], timeout_s=300)
+    common = ["examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", f"data.train_files=[{data}/train.parquet]",
+              f"data.val_files=[{data}/test.parquet]", "data.train_batch_size=4", "data.val_batch_size=8",
+              "rollout.n=4", "rollout.max_new_tokens=6", "trainer.total_steps=4", "trainer.val_every=2",
+              "trainer.sft_warmup_steps=2", "checkpoint.save_every=2", "checkpoint.export_hf=true"]
+    straight = tmp_path / "straight"
+    torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[*common, f"trainer.output_dir={straight}"])
+    assert (straight / "checkpoints" / "latest").read_text().strip() == "step_4"
+    assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == ["latest", "step_2", "step_4"]
+
+    # The resumed run continues the straight run's metrics file (JSONL appended; its steps 3-4 dropped first).
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copy(straight / "metrics.jsonl", resumed / "metrics.jsonl")
+    out = torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[
+        *common, f"trainer.output_dir={resumed}", f"checkpoint.resume={straight / 'checkpoints' / 'step_2'}"])
+    assert "resumed from" in out and "supervised warm-up" not in out, out[-3000:]
+
+    a, b = _records(straight / "metrics.jsonl"), _records(resumed / "metrics.jsonl")
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    assert len((resumed / "metrics.jsonl").read_text().splitlines()) == 4
+    for step in (3, 4):
+        keys = {k for k in a[step] if k not in ("step", "time") and not k.startswith(_TIMED)}
+        assert keys == {k for k in b[step] if k not in ("step", "time") and not k.startswith(_TIMED)}
+        assert "reward/mean" in keys and "actor/pg_loss" in keys and "rollout/weight_version" in keys
+        for k in sorted(keys):
+            assert abs(a[step][k] - b[step][k]) <= TOL * max(1.0, abs(a[step][k])), (step, k, a[step][k], b[step][k])
+    final_a, final_b = load_file(straight / "hf" / "model.safetensors"), load_file(resumed / "hf" / "model.safetensors")
+    for name, tensor in final_a.items():
+        assert (tensor - final_b[name]).abs().max() <= TOL, name

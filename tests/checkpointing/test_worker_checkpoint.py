@@ -1,0 +1,78 @@
+"""Checkpoints of real Megatron-Core workers (gloo, 2 CPU processes): exact resume, a crash mid-save, NaN steps.
+
+- resume: train 2 steps, checkpoint, train 2 more; a fresh worker that resumes from the checkpoint trains the
+  same 2 steps to the same metrics and weights (model, Adam state, LR schedule, RNG and loader position
+  restored), at TP=2 (sharded tensors) and DP=2 (per-rank RNG states that differ);
+- crash: a save that fails half-way (step 2) leaves `latest` at step 1, and resuming loads step 1;
+- NaN loss: the step is skipped (weights unchanged, reported as nan_loss/skipped_steps); three in a row stop
+  the worker with a clear error, and a good step in between resets the count.
+"""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from distflow.models.tiny import make_tiny_model
+from distflow.testing.launch import JobFailed, torchrun
+
+JOB = Path(__file__).parent / "jobs" / "checkpoint_job.py"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_tiny_model("qwen2", tmp_path_factory.mktemp("ckpt_model") / "tiny", vocab=300)
+
+
+def run_case(model, run_dir, case, tp=1):
+    torchrun(JOB, nproc=2, args=["--model", model, "--dir", run_dir, "--tp", tp, case], timeout_s=300)
+    return torch.load(Path(run_dir) / f"{case}.pt", weights_only=False)
+
+
+@pytest.mark.parametrize("tp", [2, 1], ids=["tp2", "dp2"])
+def test_resume_continues_exactly(model, tmp_path, tp):
+    straight = run_case(model, tmp_path, "straight", tp)
+    root = tmp_path / "checkpoints"
+    assert (root / "latest").read_text().strip() == "step_2"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_2"]
+    meta = json.loads((root / "step_2" / "meta.json").read_text())
+    assert meta["step"] == 2 and meta["run_id"] == "run0" and meta["world_size"] == 2
+    assert meta["roles"]["actor"]["layout"]["tp"] == tp
+    assert sorted(p.name for p in (root / "step_2").iterdir()) == ["actor", "meta.json", "rank_0.pt", "rank_1.pt"]
+
+    resumed = run_case(model, tmp_path, "resumed", tp)
+    assert resumed["start"] == 2 and resumed["loader"] == 2  # the position saved after step 2
+    assert resumed["tracker"] == {"run_id": "run0", "resume_step": 2}
+    for a, b in zip(straight["metrics"], resumed["metrics"]):
+        for key in a:
+            assert abs(a[key] - b[key]) <= 1e-6 * max(1.0, abs(a[key])), (key, a[key], b[key])
+    assert straight["metrics"][0]["lr"] != straight["metrics"][1]["lr"]  # the schedule moves (warm-up)
+    for name, tensor in straight["weights"].items():
+        assert torch.equal(tensor, resumed["weights"][name]), name
+
+
+def test_crash_mid_save_keeps_previous_checkpoint(model, tmp_path):
+    with pytest.raises(JobFailed, match="exit code") as failed:
+        run_case(model, tmp_path, "crash")
+    assert "fault injected half-way through the checkpoint save" in str(failed.value)
+    root = tmp_path / "checkpoints"
+    assert (root / "latest").read_text().strip() == "step_1"
+    assert (root / ".incomplete_step_2" / "actor").is_dir()  # the half-written save, never read
+    assert not (root / "step_2").exists()
+    restored = run_case(model, tmp_path, "after_crash")
+    assert restored["start"] == 1
+    saved = torch.load(tmp_path / "weights_step1.pt")
+    for name, tensor in saved.items():
+        assert torch.equal(tensor, restored["weights"][name]), name
+
+
+def test_nan_loss_skips_the_step_then_stops(model, tmp_path):
+    r = run_case(model, tmp_path, "nan", tp=2)
+    for name, tensor in r["before"].items():
+        assert torch.equal(tensor, r["after_bad"][name]), name  # skipped steps leave the weights alone
+    assert [m["nan_loss"] for m in r["bad"]] == [1.0, 1.0]
+    assert [m["skipped_steps"] for m in r["bad"]] == [1.0, 1.0]
+    assert r["good"][0]["nan_loss"] == 0.0 and r["good"][0]["skipped_steps"] == 0.0
+    assert len(r["bad_again"]) == 2  # the good step reset the count: two more bad ones do not stop it
+    assert r["error"] is not None and "3 optimizer steps in a row" in r["error"]
+    assert "trainer.max_consecutive_bad_steps=3" in r["error"]
