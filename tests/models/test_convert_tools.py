@@ -173,20 +173,41 @@ def test_tool_exits_with_the_error_before_starting_ranks(broken_copy, tmp_path):
     assert not (tmp_path / "ckpt").exists()
 
 
-@pytest.mark.slow
-def test_export_memory_stays_near_shard_plus_layer(tmp_path):
-    """24 layers of 3.75 MiB (91 MiB fp32): exporting with 4 MiB files adds a few layers' worth of memory,
-    not the model (measured: +23 MiB; +108 MiB when one 1 GiB file buffers the whole model)."""
-    source = make_tiny_model("llama", tmp_path / "hf", layers=24, hidden=256, heads=4, kv_heads=2, ffn=1024)
-    run([sys.executable, TO_MEGATRON, "--hf", source, "--out", tmp_path / "ckpt"], timeout_s=300)
-    result = tmp_path / "memory.json"
-    run([sys.executable, MEMORY_JOB, tmp_path / "ckpt", tmp_path / "back", str(4 * 2**20), result], timeout_s=300)
-    memory = json.loads(result.read_text())
+@pytest.fixture(scope="module")
+def memory_model(tmp_path_factory) -> tuple:
+    """24 layers of 3.75 MiB (91 MiB fp32), imported by the tool's one-rank work in a process that measures
+    its memory: (HF dir, dist checkpoint dir, model bytes, import memory numbers)."""
+    root = tmp_path_factory.mktemp("memory")
+    source = make_tiny_model("llama", root / "hf", layers=24, hidden=256, heads=4, kv_heads=2, ffn=1024)
+    result = root / "import_memory.json"
+    run([sys.executable, IMPORT_MEMORY_JOB, source, root / "ckpt", result], timeout_s=300)
     model_bytes = sum(HFCheckpoint(source).get(n).nbytes for n in HFCheckpoint(source).names())
+    return source, root / "ckpt", model_bytes, json.loads(result.read_text())
+
+
+@pytest.mark.slow
+def test_export_memory_stays_near_shard_plus_layer(memory_model, tmp_path):
+    """Exporting with 4 MiB files adds a few layers' worth of memory, not the model (measured: +23 MiB;
+    +108 MiB when one 1 GiB file buffers the whole model)."""
+    source, ckpt, model_bytes, _ = memory_model
+    result = tmp_path / "memory.json"
+    run([sys.executable, MEMORY_JOB, ckpt, tmp_path / "back", str(4 * 2**20), result], timeout_s=300)
+    memory = json.loads(result.read_text())
     print(f"export peak: +{memory['added_peak'] / 2**20:.1f} MiB over {memory['baseline_rss'] / 2**20:.0f} MiB "
           f"for a {model_bytes / 2**20:.1f} MiB model")
     assert memory["written_bytes"] == model_bytes
     assert memory["added_peak"] < model_bytes / 2, memory
+
+
+@pytest.mark.slow
+def test_import_memory_stays_under_twice_the_model(memory_model):
+    """The importing rank holds its GPTModel (here the whole model) and one HF layer at a time, never the
+    HF checkpoint as well; dist_checkpointing's save stages part of the state again. Measured: +156 MiB for
+    a 91 MiB model, +295 MiB for 182 MiB (1.6-1.7 x)."""
+    _, _, model_bytes, memory = memory_model
+    print(f"import peak: +{memory['added_peak'] / 2**20:.1f} MiB over {memory['baseline_rss'] / 2**20:.0f} MiB "
+          f"for a {model_bytes / 2**20:.1f} MiB model")
+    assert memory["added_peak"] < 2 * model_bytes, memory
 
 
 def _edit_source(edit):
@@ -248,18 +269,3 @@ def test_export_tool_exits_with_the_error(converted, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "convert_megatron_to_hf: " in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and DAMAGED_CHECKPOINTS["kv_heads"][1][1] in proc.stderr
-
-
-@pytest.mark.slow
-def test_import_memory_stays_under_twice_the_model(tmp_path):
-    """The importing rank holds its GPTModel (here the whole model) and one HF layer at a time, never the
-    HF checkpoint as well; dist_checkpointing's save stages part of the state again. Measured: +156 MiB for
-    a 91 MiB model, +295 MiB for 182 MiB (1.6-1.7 x)."""
-    source = make_tiny_model("llama", tmp_path / "hf", layers=24, hidden=256, heads=4, kv_heads=2, ffn=1024)
-    result = tmp_path / "memory.json"
-    run([sys.executable, IMPORT_MEMORY_JOB, source, tmp_path / "ckpt", result], timeout_s=300)
-    memory = json.loads(result.read_text())
-    model_bytes = sum(HFCheckpoint(source).get(n).nbytes for n in HFCheckpoint(source).names())
-    print(f"import peak: +{memory['added_peak'] / 2**20:.1f} MiB over {memory['baseline_rss'] / 2**20:.0f} MiB "
-          f"for a {model_bytes / 2**20:.1f} MiB model")
-    assert memory["added_peak"] < 2 * model_bytes, memory

@@ -266,7 +266,10 @@ class WeightResharder:
                 offsets[i] += target.numel
                 values.append(MultiprocessingSerializer.serialize(view))
             if self.plan.shared:  # HF fallback: every engine rank reads rank 0's buffer
-                values = values * self.plan.engine_tp
+                # One handle per reader: each serialization holds one reference on the shared memory that one
+                # deserialization releases (torch's file_system strategy); a handle read twice releases it
+                # twice, and the buffer is unlinked under the next bucket.
+                values += [MultiprocessingSerializer.serialize(view) for _ in range(self.plan.engine_tp - 1)]
             named.append((name, LocalSerializedTensor(values=values)))
         load_format = None if self.plan.shared else self.load_format
         # The last load flushes the KV/prefix cache in the scheduler (engine.flush_cache() would also run a

@@ -4,7 +4,7 @@ Job A: tiny Qwen2 (tied embeddings, q/k/v biases, vocabulary 300: padded differe
 SGLang), engine TP1 on rank 0; Megatron trained one step at TP2, PP2 and TP1 (DP2), then synced.
 Job B: tiny Llama (untied lm_head), engine TP2 spanning both ranks; Megatron at TP2, PP2 and TP1 (DP2).
 Job C: tiny Mixtral trained at EP2 (each rank owns half the experts), through the HF-named fallback
-(SGLang has no shard layout here for MoE), engine TP1.
+(SGLang has no shard layout here for MoE), engine TP1 (job C) and TP2 (job D).
 After every sync: the engine's greedy log-probs match Megatron's on the same tokens, and its greedy output
 equals the output after update_weights_from_disk of the exported HF checkpoint; sync.verify passes; each
 engine rank received exactly its own parameters' bytes (counted by the engine-side loader); the HF-named
@@ -27,6 +27,7 @@ JOB = Path(__file__).parent / "jobs" / "weight_sync_job.py"
 CASES_A = ["tp=2+counted", "pp=2+hf", "tp=1+fault,corrupt", "tp=2+kill"]
 CASES_B = ["tp=2+counted", "pp=2+hf", "tp=1+counted"]
 CASES_C = ["ep=2"]
+CASES_D = ["ep=2"]
 TOLERANCE = 1e-3  # mean |log-prob difference|, fp32
 
 
@@ -56,12 +57,22 @@ def job_c(tmp_path_factory):
     return run_job(tmp_path_factory, "mixtral", 1, CASES_C)
 
 
+@pytest.fixture(scope="module")
+def job_d(tmp_path_factory):
+    return run_job(tmp_path_factory, "mixtral", 2, CASES_D)
+
+
 def check_synced(result):
     assert result["changed_by_training"], "training should change the engine's greedy output"
     assert result["engine_vs_megatron"] <= TOLERANCE, result["engine_vs_megatron"]
     assert result["disk_equal"], "direct sync and update_weights_from_disk must give identical outputs"
     sync = result["sync"]
-    assert sync["total_bytes"] == sum(sync["receiver_bytes"].values())
+    receivers = sync["receiver_bytes"]
+    if sync["mode"] == "hf":  # one full HF copy per engine, staged once and read by each of its ranks
+        assert sync["total_bytes"] == sum(b for k, b in receivers.items() if k.endswith("/0"))
+        assert len(set(receivers.values())) == 1
+    else:
+        assert sync["total_bytes"] == sum(receivers.values())
     # no full-model funnel: with two training ranks holding shards, the busiest sends part of the model
     if not result["case"].startswith("tp=1"):
         assert sync["busiest_sender_bytes"] < sync["total_bytes"]
@@ -79,8 +90,9 @@ def test_engine_tp2_matches_megatron_and_disk_load(job_b, case):
     check_synced(job_b[case])
 
 
-def test_moe_ep2_syncs_through_the_hf_fallback(job_c):
-    result = job_c["ep=2"]
+@pytest.mark.parametrize("job", ["job_c", "job_d"])
+def test_moe_ep2_syncs_through_the_hf_fallback(request, job):
+    result = request.getfixturevalue(job)["ep=2"]
     assert result["sync"]["mode"] == "hf"
     check_synced(result)
     assert set(result["sync"]["sender_bytes"]) == {"0", "1"}  # the experts come from both EP ranks

@@ -166,8 +166,9 @@ def run_case(case, model_dir, out_dir, engine, engine_tp):
         resharder.on_bucket = None
         result["megatron_intact"] = all(dist_all(local_digest(local) == before))
         if rank == 0:
-            try:
-                greedy(engine)
+            from distflow.workers.rollout import generate
+            try:  # the engine is alive but half-updated: generate itself must refuse it
+                generate(engine, PROMPTS, temperature=0.0, max_new_tokens=NEW_TOKENS)
                 result["stale_refused"] = None
             except StaleEngineError as exc:
                 result["stale_refused"] = str(exc)
