@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -30,17 +31,27 @@ def torchrun(target: str, nproc: int, args=(), timeout_s: float = 300, env: dict
 
 
 def run(cmd, timeout_s: float = 300, env: dict | None = None, cwd: str | None = None) -> str:
-    """Runs a command in its own process group; returns its combined output or raises JobFailed."""
+    """Runs a command in its own process group; returns its combined output or raises JobFailed.
+
+    Output goes to a temporary file, not a pipe: a descendant that outlives the command (e.g. a checkpoint
+    writer process left by a crashed rank) would hold a pipe open and block reading it past any timeout.
+    """
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.update(env or {})
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=full_env, cwd=cwd or REPO_ROOT, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                env=full_env, cwd=cwd or REPO_ROOT, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            timed_out = True
+        log.seek(0)
+        out = log.read()
+    if timed_out:
         raise JobFailed(f"timed out after {timeout_s:.0f} s: {' '.join(map(str, cmd))}\n{_tail(out)}")
     if proc.returncode != 0:
         raise JobFailed(f"exit code {proc.returncode}: {' '.join(map(str, cmd))}\n{_tail(out)}")
