@@ -70,12 +70,15 @@ def run(ctx) -> None:
     ctx.log(f"pipeline {pipeline.name}: {' -> '.join(n.id for n in controller.order)}; "
             f"{len(train_set)} training prompts, {cfg.data.train_batch_size} x {n} samples per step")
 
-    start_step = checkpointer.restore(trainable, loader)
+    checkpointed = dict(trainable)
+    if node_ctx.ref is not None and cfg.trainer.sft_warmup_steps:
+        checkpointed["ref"] = node_ctx.ref  # the warmed-up actor's copy (see below): model.path does not hold it
+    start_step = checkpointer.restore(checkpointed, loader)
     if start_step:  # the engines get the restored actor; the warm-up is part of what was restored
         from distflow.nodes.sync import sync_weights
 
-        sync_weights(node_ctx, {})
-        node_ctx.rollout.weight_version = checkpointer.meta["rollout_weight_version"]
+        node_ctx.rollout.continue_versions_from(checkpointer.meta["rollout_weight_version"] - 1)
+        sync_weights(node_ctx, {})  # becomes the checkpoint's version again
         ctx.log(f"resumed from {checkpointer.resume_from} after step {start_step}")
     elif cfg.trainer.sft_warmup_steps:
         from distflow.nodes.sync import sync_weights
@@ -103,7 +106,7 @@ def run(ctx) -> None:
             metrics.update(_validate(node_ctx, val_set, cfg, placement))
         tracker.log(metrics, step)
         if checkpointer.should_save(step, cfg.trainer.total_steps):
-            checkpointer.save(step, trainable, loader, tracker.run_id,
+            checkpointer.save(step, checkpointed, loader, tracker.run_id,
                               rollout_weight_version=node_ctx.rollout.weight_version)
     tracker.close()
     failure.stop()

@@ -32,7 +32,8 @@ class Checkpointer:
     cfg: the `checkpoint` section (save_every, keep_last, resume). output_dir: trainer.output_dir.
     The resume source is resolved (and checked) in the constructor, before any worker is built, so that
     the tracker can be given the run id and step to continue (`tracker_resume`).
-    Workers are passed as a dict role -> MegatronWorker of the trainable roles ({"actor": ..., "critic": ...}).
+    Workers are passed as a dict role -> MegatronWorker of the roles whose state the run changes: the trainable
+    ones ({"actor": ..., "critic": ...}) and a reference made from the warmed-up actor (model only).
     """
 
     def __init__(self, cfg, output_dir, rank: int, world_size: int):
@@ -63,7 +64,7 @@ class Checkpointer:
         if not rank_file.is_file():
             raise CheckpointError(f"{path}: no {rank_file.name} (the per-rank state of rank {self.rank})")
         state = torch.load(rank_file, weights_only=False)
-        for role, worker in workers.items():
+        for role, worker in _trained(workers).items():
             # Megatron's scheduler adds the saved step count to its own (1 after the builder's first step).
             worker.scheduler.num_steps = 0
             worker.scheduler.load_state_dict(state["schedulers"][role])
@@ -89,7 +90,7 @@ class Checkpointer:
         for role, worker in workers.items():
             save_worker(worker, staging / role)
         torch.save({"rng": capture_rng_state(), "loader": loader.state_dict() if loader is not None else None,
-                    "schedulers": {role: w.scheduler.state_dict() for role, w in workers.items()}},
+                    "schedulers": {role: w.scheduler.state_dict() for role, w in _trained(workers).items()}},
                    staging / f"rank_{self.rank}.pt")
         dist.barrier()
         if self.rank == 0:
@@ -99,6 +100,10 @@ class Checkpointer:
             self.directory.commit(step, self.cfg.keep_last)
         dist.barrier()
         return self.directory.final(step)
+
+
+def _trained(workers: dict) -> dict:
+    return {role: w for role, w in workers.items() if w.trains}
 
 
 def describe_run(workers: dict, world_size: int) -> dict:

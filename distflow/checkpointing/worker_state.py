@@ -1,4 +1,5 @@
-"""One trainable MegatronWorker's state as a Megatron distributed checkpoint: model chunks + optimizer.
+"""One MegatronWorker's state as a Megatron distributed checkpoint: model chunks + optimizer (if it trains;
+a forward-only worker, e.g. a reference made from the warmed-up actor, saves its model only).
 
 Every rank of the job calls save/load together (dist_checkpointing is collective over the default group).
 The folder holds the chunks' sharded_state_dict (keys as written by tools/convert_hf_to_megatron.py, so
@@ -17,7 +18,9 @@ def save_worker(worker, folder: Path) -> None:
     from megatron.core import dist_checkpointing
 
     model = sharded_state_dict(worker.chunks)
-    state = {"model": model, "optimizer": worker.optimizer.sharded_state_dict(model)}
+    state = {"model": model}
+    if worker.trains:
+        state["optimizer"] = worker.optimizer.sharded_state_dict(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dist_checkpointing.save(state, str(folder))
@@ -28,7 +31,9 @@ def load_worker(worker, folder: Path) -> None:
     from megatron.core import dist_checkpointing
 
     model = sharded_state_dict(worker.chunks)
-    state = {"model": model, "optimizer": worker.optimizer.sharded_state_dict(model, is_loading=True)}
+    state = {"model": model}
+    if worker.trains:
+        state["optimizer"] = worker.optimizer.sharded_state_dict(model, is_loading=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loaded = dist_checkpointing.load(state, str(folder))
@@ -37,4 +42,5 @@ def load_worker(worker, folder: Path) -> None:
     else:
         for i, chunk in enumerate(worker.chunks):
             chunk.load_state_dict(loaded["model"][f"model{i}"], strict=True)
-    worker.optimizer.load_state_dict(loaded["optimizer"])
+    if worker.trains:
+        worker.optimizer.load_state_dict(loaded["optimizer"])

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from distflow.config.schema import DistFlowConfig
-from distflow.layout.parallel import ParallelLayout
+from distflow.layout.parallel import LayoutError, ParallelLayout
 from distflow.layout.placement import Placement
 from distflow.models.shape import ModelShape
 
@@ -32,6 +32,8 @@ class ClusterLayout:
             rc = getattr(cfg, role)
             layouts[role] = ParallelLayout.for_world(n_train, tp=rc.tp, pp=rc.pp, cp=rc.cp, vpp=rc.vpp, ep=rc.ep,
                                                      etp=rc.etp, role=role) if enabled else None
+        for role in ("ref", "critic"):
+            _require_actor_layout(role, layouts[role], layouts["actor"], getattr(cfg, role), cfg.actor)
         if shape is not None:
             placement.validate_for_model(shape)
             for role, layout in layouts.items():
@@ -55,3 +57,16 @@ class ClusterLayout:
 def needs_reference(cfg: DistFlowConfig) -> bool:
     """A reference model is only built when a KL term uses it."""
     return cfg.algorithm.kl_coef > 0
+
+
+def _require_actor_layout(role: str, layout, actor, role_cfg, actor_cfg) -> None:
+    """Megatron-Core keeps one set of process groups per process, built for the actor's layout, so the
+    reference and the critic (on the same ranks) must use that layout too."""
+    if layout is None or layout == actor:
+        return
+    fields = ("tp", "pp", "vpp", "cp", "ep", "etp")
+    differ = [f"{role}.{f}={getattr(role_cfg, f)} (actor.{f}={getattr(actor_cfg, f)})" for f in fields
+              if getattr(layout, f) != getattr(actor, f)]
+    raise LayoutError(f"{role} layout {layout.describe()} differs from the actor's {actor.describe()}: "
+                      f"{', '.join(differ)}; the {role} shares the actor's Megatron process groups, so set its "
+                      "parallel sizes to the actor's")

@@ -34,6 +34,7 @@ def _sync_resharded(ctx) -> dict:
         resharder = rollout.resharder = WeightResharder.for_megatron_worker(
             actor, ctx.cluster.placement, ctx.cfg.sync, engine=rollout.engine, engine_dtype=ctx.cfg.model.dtype,
             mode=MODES[ctx.cfg.sync.method])
+        resharder.version = rollout.weight_version  # a resumed run counts on from its checkpoint
         if ctx.rank == 0:
             print(resharder.plan.describe(), flush=True)
     rollout.make_resident()

@@ -3,7 +3,8 @@ engine per rank, GRPO on the tiny copy task): 4 steps straight vs the same run r
 fresh engines, from its step-2 checkpoint. Steps 3 and 4 must give the same metrics (<= 1e-6) and the same
 final weights. This needs every piece of state: Megatron model + Adam state + LR schedule, each rank's RNG and
 prompt-loader position, the engines' weights (synced from the restored actor), and sampling seeds that are a
-function of (trainer.seed, step, sample) rather than of what the engine generated before.
+function of (trainer.seed, step, sample) rather than of what the engine generated before; with a KL term, the
+reference made from the warmed-up actor as well.
 """
 import json
 import shutil
@@ -33,7 +34,9 @@ def test_resume_gives_the_same_steps(tmp_path):
     common = ["examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", f"data.train_files=[{data}/train.parquet]",
               f"data.val_files=[{data}/test.parquet]", "data.train_batch_size=4", "data.val_batch_size=8",
               "rollout.n=4", "rollout.max_new_tokens=6", "trainer.total_steps=4", "trainer.val_every=2",
-              "trainer.sft_warmup_steps=2", "checkpoint.save_every=2", "checkpoint.export_hf=true"]
+              "trainer.sft_warmup_steps=2", "checkpoint.save_every=2", "checkpoint.export_hf=true",
+              # A KL term: the reference is the warmed-up actor's copy, which the checkpoint must carry too.
+              "algorithm.kl_coef=0.05", "ref.tp=2"]
     straight = tmp_path / "straight"
     torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[*common, f"trainer.output_dir={straight}"])
     assert (straight / "checkpoints" / "latest").read_text().strip() == "step_4"
@@ -53,7 +56,7 @@ def test_resume_gives_the_same_steps(tmp_path):
     for step in (3, 4):
         keys = {k for k in a[step] if k not in ("step", "time") and not k.startswith(_TIMED)}
         assert keys == {k for k in b[step] if k not in ("step", "time") and not k.startswith(_TIMED)}
-        assert "reward/mean" in keys and "actor/pg_loss" in keys and "rollout/weight_version" in keys
+        assert {"reward/mean", "actor/pg_loss", "actor/kl", "rollout/weight_version"} <= keys
         for k in sorted(keys):
             assert abs(a[step][k] - b[step][k]) <= TOL * max(1.0, abs(a[step][k])), (step, k, a[step][k], b[step][k])
     final_a, final_b = load_file(straight / "hf" / "model.safetensors"), load_file(resumed / "hf" / "model.safetensors")

@@ -87,10 +87,10 @@ def test_engine_tp_against_heads():
 
 
 def test_cluster_layout_from_config():
-    cfg = resolve(None, ["actor.tp=2", "rollout.placement=disaggregated", "rollout.num_ranks=2",
+    cfg = resolve(None, ["actor.tp=2", "ref.tp=2", "rollout.placement=disaggregated", "rollout.num_ranks=2",
                          "rollout.engine_tp=2", "algorithm.kl_coef=0.1"])
     cluster = ClusterLayout.from_config(cfg, 6, DENSE)
-    assert cluster.actor.dp == 2 and cluster.ref.tp == 1 and cluster.critic is None
+    assert cluster.actor.dp == 2 and cluster.ref == cluster.actor and cluster.critic is None
     assert cluster.placement.rollout_ranks == (4, 5)
     assert "engine 0: ranks [4, 5]" in cluster.describe()
 
@@ -99,3 +99,12 @@ def test_cluster_layout_rejects_before_any_process_group():
     cfg = resolve(None, ["actor.tp=2"])
     with pytest.raises(LayoutError, match=r"world size 3 is not divisible by tp\*pp\*cp = 2\*1\*1 = 2"):
         ClusterLayout.from_config(cfg, 3, DENSE)
+
+
+def test_reference_and_critic_must_share_the_actor_layout():
+    cfg = resolve(None, ["actor.tp=2", "algorithm.kl_coef=0.1"])  # ref.tp stays 1
+    with pytest.raises(LayoutError, match=r"ref\.tp=1 \(actor\.tp=2\).*set its parallel sizes to the actor's"):
+        ClusterLayout.from_config(cfg, 4, DENSE)
+    cfg = resolve(None, ["actor.pp=2", "critic.enable=true"])
+    with pytest.raises(LayoutError, match=r"critic\.pp=1 \(actor\.pp=2\)"):
+        ClusterLayout.from_config(cfg, 4, DENSE)

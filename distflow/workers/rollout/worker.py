@@ -126,6 +126,17 @@ class RolloutWorker:
         """Called on every rank after a completed sync (the resharder versions the engine itself)."""
         self.weight_version = version
 
+    def continue_versions_from(self, version: int) -> None:
+        """On resume: count weight versions on from `version` (the next completed sync is version + 1), as
+        the resumed run did, so samples carry the versions they had there."""
+        from distflow.workers.rollout.engine_state import state_of
+
+        self.weight_version = version
+        if self.engine is not None:
+            state_of(self.engine).version = version
+        if getattr(self, "resharder", None) is not None:
+            self.resharder.version = version
+
     def close(self) -> None:
         if self.engine is not None:
             from distflow.workers.rollout import sglang_engine
