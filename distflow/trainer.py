@@ -59,7 +59,8 @@ def run(ctx) -> None:
         node_ctx.reward_pool = RewardPool.from_config(cfg.reward)
         loader = PromptLoader.from_config(cfg.data, train_set, node_ctx.rollout.engine_index, placement.num_engines)
     node_ctx.prompt_loader = loader  # dynamic sampling draws its extra rounds from the same data order
-    tracker = Tracker(cfg.tracking, out_dir, rank=ctx.rank, config=_as_dict(cfg), **checkpointer.tracker_resume())
+    tracker = Tracker(cfg.tracking, out_dir, rank=ctx.rank, config=_as_dict(cfg),
+                      total_steps=cfg.trainer.total_steps, **checkpointer.tracker_resume())
     trainable = {role: w for role, w in (("actor", node_ctx.actor), ("critic", node_ctx.critic)) if w is not None}
     for worker in trainable.values():
         worker.max_consecutive_bad_steps = cfg.trainer.max_consecutive_bad_steps

@@ -40,10 +40,11 @@ class Tracker:
     tensorboard/ and wandb/ go. run_id: the id of the run to continue (from the checkpoint), or None for a
     new run; `self.run_id` is the id to store in checkpoints (rank 0's is authoritative). resume_step: the
     step of the checkpoint resumed from (later entries are dropped). config: the run's config, for W&B.
+    total_steps: the run's length, for the console's progress (step k/N, percent, time left).
     """
 
     def __init__(self, cfg, output_dir: str | Path, *, rank: int = 0, run_id: str | None = None,
-                 resume_step: int | None = None, config: dict | None = None):
+                 resume_step: int | None = None, config: dict | None = None, total_steps: int | None = None):
         self.rank = rank
         self.output_dir = Path(output_dir)
         self.run_id = run_id or (_new_run_id() if rank == 0 else None)
@@ -55,7 +56,7 @@ class Tracker:
         name = cfg.run_name or self.output_dir.resolve().name
         for backend in cfg.backends:
             if backend == "console":
-                self._backends.append(_Console())
+                self._backends.append(_Console(total_steps))
             elif backend == "jsonl":
                 self._backends.append(_Jsonl(self.output_dir / "metrics.jsonl", resume_step))
             elif backend == "tensorboard":
@@ -118,11 +119,31 @@ def _new_run_id() -> str:
 
 
 class _Console:
+    """One line per step, led by the progress "step k/N (p%, ~time left)": a line per step reads better in
+    torchrun's interleaved, often redirected output than a redrawn bar."""
+
+    def __init__(self, total_steps: int | None = None):
+        self.total_steps = total_steps
+        self._first: tuple[int, float] | None = None  # (step, time) of the first step logged by this process
+
     def log(self, metrics: dict, step: int) -> None:
         shown = [k for k in _CONSOLE_KEYS if k in metrics][:_CONSOLE_MAX]
-        parts = [f"step {step}"] + [f"{k} {_short(metrics[k])}" for k in shown]
+        parts = [self._progress(step)] + [f"{k} {_short(metrics[k])}" for k in shown]
         hidden = len(metrics) - len(shown)
         print(" | ".join(parts) + (f" (+{hidden} more)" if hidden else ""), flush=True)
+
+    def _progress(self, step: int) -> str:
+        now = time.monotonic()
+        if self._first is None:
+            self._first = (step, now)
+        if not self.total_steps:
+            return f"step {step}"
+        text = f"step {step}/{self.total_steps} ({100 * step / self.total_steps:.0f}%"
+        first_step, start = self._first
+        if step > first_step:  # steps since this process's first one set the pace (resumed runs too)
+            left = (now - start) / (step - first_step) * (self.total_steps - step)
+            text += f", ~{_duration(left)} left"
+        return text + ")"
 
     def close(self) -> None:
         pass
@@ -195,3 +216,9 @@ def _record_step(line: str) -> int | None:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"

@@ -83,3 +83,16 @@ def test_plot_metrics(tmp_path, capsys):
     assert sorted(p.name for p in written) == ["kl.png", "response_length.png", "reward.png", "throughput.png"]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
     assert str(tmp_path / "plots" / "reward.png") in capsys.readouterr().out
+
+
+def test_console_shows_progress_and_time_left(tmp_path, capsys, monkeypatch):
+    import distflow.tracking.tracker as tracker_module
+
+    clock = iter([100.0, 110.0, 120.0])  # the first step is logged at t=100, then one step per 10 s
+    monkeypatch.setattr(tracker_module.time, "monotonic", lambda: next(clock))
+    with Tracker(config("console"), tmp_path, total_steps=40) as t:
+        for step in (1, 2, 3):
+            t.log({"reward/mean": 0.5}, step)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("step 1/40 (2%) | reward/mean 0.5")
+    assert lines[2].startswith("step 3/40 (8%, ~6m10s left) |"), lines  # 37 steps x 10 s
