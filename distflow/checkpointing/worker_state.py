@@ -1,14 +1,21 @@
-"""One MegatronWorker's state as a Megatron distributed checkpoint: model chunks + optimizer (if it trains;
-a forward-only worker, e.g. a reference made from the warmed-up actor, saves its model only).
+"""One MegatronWorker's state: the model as a Megatron distributed checkpoint, plus its optimizer (if it
+trains; a forward-only worker, e.g. a reference made from the warmed-up actor, saves its model only).
 
 Every rank of the job calls save/load together (dist_checkpointing is collective over the default group).
 The folder holds the chunks' sharded_state_dict (keys as written by tools/convert_hf_to_megatron.py, so
-tools/convert_megatron_to_hf.py can read an actor's weights) and the optimizer's sharded state (Adam
-moments, fp32 masters, step). The LR scheduler's state is small and identical on every rank: it travels in
-the per-rank file instead (see trainer_state.py).
+tools/convert_megatron_to_hf.py can read an actor's weights). A regular optimizer's state (Adam moments,
+fp32 masters, step) joins the same dist checkpoint. The distributed optimizer's state is written per rank
+instead (optimizer_rank<r>.pt: this rank's shard of Adam and of the fp32 masters): Megatron-Core 0.16's
+sharded formats for it either need CUDA (fully_reshardable), are refused by its own writer
+(fully_sharded_model_space: flattened ranges) or did not resume exactly on CPU (dp_reshardable), and a
+resume needs the same layout anyway (checked against meta.json). The LR scheduler's state is small and
+identical on every rank: it travels in the per-rank file (see trainer_state.py).
 """
 import warnings
 from pathlib import Path
+
+import torch
+import torch.distributed as dist
 
 from distflow.models.checkpoint_import import sharded_state_dict
 
@@ -19,11 +26,14 @@ def save_worker(worker, folder: Path) -> None:
 
     model = sharded_state_dict(worker.chunks)
     state = {"model": model}
-    if worker.trains:
+    distributed = _distributed_optimizers(worker)
+    if worker.trains and not distributed:
         state["optimizer"] = worker.optimizer.sharded_state_dict(model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dist_checkpointing.save(state, str(folder))
+    if distributed:
+        torch.save([_local_state(opt) for opt in distributed], folder / f"optimizer_rank{dist.get_rank()}.pt")
 
 
 def load_worker(worker, folder: Path) -> None:
@@ -32,7 +42,8 @@ def load_worker(worker, folder: Path) -> None:
 
     model = sharded_state_dict(worker.chunks)
     state = {"model": model}
-    if worker.trains:
+    distributed = _distributed_optimizers(worker)
+    if worker.trains and not distributed:
         state["optimizer"] = worker.optimizer.sharded_state_dict(model, is_loading=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -42,5 +53,39 @@ def load_worker(worker, folder: Path) -> None:
     else:
         for i, chunk in enumerate(worker.chunks):
             chunk.load_state_dict(loaded["model"][f"model{i}"], strict=True)
-    if worker.trains:
+    if distributed:
+        path = folder / f"optimizer_rank{dist.get_rank()}.pt"
+        from distflow.checkpointing.errors import CheckpointError
+
+        if not path.is_file():
+            raise CheckpointError(f"{folder}: no {path.name} (rank {dist.get_rank()}'s distributed-optimizer shard)")
+        for opt, saved in zip(distributed, torch.load(path, weights_only=False)):
+            _load_local_state(opt, saved)
+    elif worker.trains:
         worker.optimizer.load_state_dict(loaded["optimizer"])
+
+
+def _distributed_optimizers(worker) -> list:
+    """The worker's Megatron DistributedOptimizers (inside a ChainedOptimizer or alone); [] for others."""
+    if not worker.trains:
+        return []
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    found = [o for o in getattr(worker.optimizer, "chained_optimizers", [worker.optimizer])
+             if isinstance(o, DistributedOptimizer)]
+    return found
+
+
+def _local_state(opt) -> dict:
+    """This rank's shard: torch Adam's state (moments, step) and the fp32 masters of low-precision params
+    (fp32 params are their own masters: the model checkpoint holds them)."""
+    return {"adam": opt.optimizer.state_dict(),
+            "fp32_masters": [[p.detach().clone() for p in group] for group in opt.shard_fp32_from_float16_groups]}
+
+
+def _load_local_state(opt, saved: dict) -> None:
+    opt.optimizer.load_state_dict(saved["adam"])
+    with torch.no_grad():
+        for group, saved_group in zip(opt.shard_fp32_from_float16_groups, saved["fp32_masters"]):
+            for param, value in zip(group, saved_group):
+                param.copy_(value)

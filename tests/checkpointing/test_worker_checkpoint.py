@@ -2,7 +2,8 @@
 
 - resume: train 2 steps, checkpoint, train 2 more; a fresh worker that resumes from the checkpoint trains the
   same 2 steps to the same metrics and weights (model, Adam state, LR schedule, RNG and loader position
-  restored), at TP=2 (sharded tensors) and DP=2 (per-rank RNG states that differ);
+  restored), at TP=2 (sharded tensors) and DP=2 (per-rank RNG states that differ), also with the distributed
+  optimizer (Adam state sharded over DP);
 - crash: a save that fails half-way (step 2) leaves `latest` at step 1, and resuming loads step 1;
 - NaN loss: the step is skipped (weights unchanged, reported as nan_loss/skipped_steps); three in a row stop
   the worker with a clear error, and a good step in between resets the count.
@@ -24,14 +25,15 @@ def model(tmp_path_factory):
     return make_tiny_model("qwen2", tmp_path_factory.mktemp("ckpt_model") / "tiny", vocab=300)
 
 
-def run_case(model, run_dir, case, tp=1):
-    torchrun(JOB, nproc=2, args=["--model", model, "--dir", run_dir, "--tp", tp, case], timeout_s=300)
+def run_case(model, run_dir, case, tp=1, dist_opt=False):
+    flags = ["--dist-opt"] if dist_opt else []
+    torchrun(JOB, nproc=2, args=["--model", model, "--dir", run_dir, "--tp", tp, *flags, case], timeout_s=300)
     return torch.load(Path(run_dir) / f"{case}.pt", weights_only=False)
 
 
-@pytest.mark.parametrize("tp", [2, 1], ids=["tp2", "dp2"])
-def test_resume_continues_exactly(model, tmp_path, tp):
-    straight = run_case(model, tmp_path, "straight", tp)
+@pytest.mark.parametrize("tp,dist_opt", [(2, False), (1, False), (1, True)], ids=["tp2", "dp2", "dp2_distopt"])
+def test_resume_continues_exactly(model, tmp_path, tp, dist_opt):
+    straight = run_case(model, tmp_path, "straight", tp, dist_opt)
     root = tmp_path / "checkpoints"
     assert (root / "latest").read_text().strip() == "step_2"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_2"]
@@ -40,7 +42,7 @@ def test_resume_continues_exactly(model, tmp_path, tp):
     assert meta["roles"]["actor"]["layout"]["tp"] == tp
     assert sorted(p.name for p in (root / "step_2").iterdir()) == ["actor", "meta.json", "rank_0.pt", "rank_1.pt"]
 
-    resumed = run_case(model, tmp_path, "resumed", tp)
+    resumed = run_case(model, tmp_path, "resumed", tp, dist_opt)
     assert resumed["start"] == 2 and resumed["loader"] == 2  # the position saved after step 2
     assert resumed["tracker"] == {"run_id": "run0", "resume_step": 2}
     for a, b in zip(straight["metrics"], resumed["metrics"]):

@@ -23,7 +23,7 @@ import torch.distributed as dist
 VOCAB = 300
 
 
-def make_worker(model_dir, tp: int, mini_batch_size: int = 4):
+def make_worker(model_dir, tp: int, mini_batch_size: int = 4, dist_opt: bool = False):
     from distflow import distributed
     from distflow.config.schema import ActorConfig, ModelConfig, OptimizerConfig
     from distflow.layout import ParallelLayout, Placement
@@ -33,7 +33,7 @@ def make_worker(model_dir, tp: int, mini_batch_size: int = 4):
     par = ParallelLayout.for_world(world, tp=tp)
     distributed.initialize_megatron_groups(par, Placement.create("colocated", world, 1), timeout_s=300)
     distributed.seed_everything(1)
-    optim = OptimizerConfig(lr=1e-2, weight_decay=0.01, clip_grad=1.0, use_distributed_optimizer=False,
+    optim = OptimizerConfig(lr=1e-2, weight_decay=0.01, clip_grad=1.0, use_distributed_optimizer=dist_opt,
                             lr_warmup_steps=3, lr_decay_style="cosine")
     cfg = ActorConfig(tp=tp, optim=optim, mini_batch_size=mini_batch_size, max_tokens_per_micro_batch=40)
     return MegatronWorker("actor", cfg, ModelConfig(path=model_dir, dtype="float32"), par, "cpu",
@@ -102,6 +102,7 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--dir", required=True)
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--dist-opt", action="store_true", help="the distributed optimizer (ZeRO-1 over DP)")
     parser.add_argument("case")
     args = parser.parse_args()
 
@@ -110,7 +111,8 @@ def main() -> None:
     distributed.init_process_group("cpu", timeout_s=300)
     torch.set_num_threads(1)
     # nan: one optimizer step per train_step (the whole batch), so that steps and optimizer steps coincide
-    worker, par = make_worker(args.model, args.tp, mini_batch_size=8 if args.case == "nan" else 4)
+    worker, par = make_worker(args.model, args.tp, mini_batch_size=8 if args.case == "nan" else 4,
+                              dist_opt=args.dist_opt)
     from megatron.core import parallel_state as ps
 
     random.seed(ps.get_data_parallel_rank())  # each DP rank's python RNG differs (restored per rank)
