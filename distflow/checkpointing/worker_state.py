@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from distflow.checkpointing.errors import CheckpointError
 from distflow.models.checkpoint_import import sharded_state_dict
 
 
@@ -55,8 +56,6 @@ def load_worker(worker, folder: Path) -> None:
             chunk.load_state_dict(loaded["model"][f"model{i}"], strict=True)
     if distributed:
         path = folder / f"optimizer_rank{dist.get_rank()}.pt"
-        from distflow.checkpointing.errors import CheckpointError
-
         if not path.is_file():
             raise CheckpointError(f"{folder}: no {path.name} (rank {dist.get_rank()}'s distributed-optimizer shard)")
         for opt, saved in zip(distributed, torch.load(path, weights_only=False)):
@@ -71,9 +70,8 @@ def _distributed_optimizers(worker) -> list:
         return []
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-    found = [o for o in getattr(worker.optimizer, "chained_optimizers", [worker.optimizer])
-             if isinstance(o, DistributedOptimizer)]
-    return found
+    return [o for o in getattr(worker.optimizer, "chained_optimizers", [worker.optimizer])
+            if isinstance(o, DistributedOptimizer)]
 
 
 def _local_state(opt) -> dict:
