@@ -54,34 +54,44 @@ def init_process_group(device: str, timeout_s: int) -> RankEnv:
     return env
 
 
-def initialize_megatron_groups(layout: ParallelLayout, placement: Placement, timeout_s: int) -> None:
-    """Creates Megatron's TP/PP/DP/CP/EP groups for `layout` over the training ranks."""
+def initialize_megatron_groups(layout: ParallelLayout, placement: Placement, timeout_s: int) -> bool:
+    """Creates Megatron's TP/PP/DP/CP/EP groups for `layout` over the training ranks (collective over the job:
+    rollout-only ranks of a disaggregated placement take part in creating the groups' group, not Megatron's).
+    Returns whether this rank trains."""
     from megatron.core import parallel_state
 
-    if placement.kind != "colocated":
-        # Megatron-Core 0.16 builds its groups over the whole default world, so training on a subset of
-        # ranks needs its own sub-world; that arrives with disaggregated rollout.
-        raise LayoutError("Megatron process groups for rollout.placement=disaggregated are not supported yet; "
-                          "use rollout.placement=colocated")
-    if dist.get_world_size() != layout.world_size:
-        raise LayoutError(f"the layout covers {layout.world_size} ranks but the job has {dist.get_world_size()}")
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-            virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
-            context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
-            expert_tensor_parallel_size=layout.etp, distributed_timeout_minutes=max(1, timeout_s // 60))
+    from distflow import training_world
+
+    if len(placement.train_ranks) != layout.world_size:
+        raise LayoutError(f"the layout covers {layout.world_size} ranks but the placement trains on "
+                          f"{len(placement.train_ranks)}")
+    if placement.world_size != dist.get_world_size():
+        raise LayoutError(f"the placement covers {placement.world_size} ranks but the job has {dist.get_world_size()}")
+    trains = training_world.set_up(placement)
+    if trains:
+        with training_world.training_world():
+            if parallel_state.model_parallel_is_initialized():
+                parallel_state.destroy_model_parallel()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                parallel_state.initialize_model_parallel(
+                    tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+                    virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
+                    context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
+                    expert_tensor_parallel_size=layout.etp, distributed_timeout_minutes=max(1, timeout_s // 60))
+    if training_world.is_separate() or not trains:
+        training_world.align_group_names()
+    return trains
 
 
-def seed_everything(seed: int) -> None:
-    """Same seed on every rank; Megatron's tracker gives TP ranks their own streams where it needs them."""
+def seed_everything(seed: int, trains: bool = True) -> None:
+    """Same seed on every rank; Megatron's tracker gives TP ranks their own streams where it needs them
+    (training ranks only: it reads their Megatron groups)."""
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     torch.manual_seed(seed)
-    model_parallel_cuda_manual_seed(seed)
+    if trains:
+        model_parallel_cuda_manual_seed(seed)
 
 
 def _free_port() -> int:

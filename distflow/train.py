@@ -35,6 +35,8 @@ class RunContext:
     world_size: int
     local_rank: int
     device: str
+    trains: bool = True
+    """False on the rollout-only ranks of a disaggregated placement (they build no Megatron worker)."""
 
     def log(self, message: str) -> None:
         if self.rank == 0:
@@ -63,10 +65,10 @@ def prepare(argv=None) -> RunContext:
 
     device = distributed.resolve_device(cfg.trainer.device)
     env = distributed.init_process_group(device, cfg.trainer.dist_timeout_s)
-    distributed.initialize_megatron_groups(cluster.actor, cluster.placement, cfg.trainer.dist_timeout_s)
-    distributed.seed_everything(cfg.trainer.seed)
+    trains = distributed.initialize_megatron_groups(cluster.actor, cluster.placement, cfg.trainer.dist_timeout_s)
+    distributed.seed_everything(cfg.trainer.seed, trains)
     return RunContext(cfg=cfg, cluster=cluster, rank=env.rank, world_size=env.world_size,
-                      local_rank=env.local_rank, device=device)
+                      local_rank=env.local_rank, device=device, trains=trains)
 
 
 def main(argv=None) -> int:

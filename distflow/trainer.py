@@ -40,17 +40,19 @@ def run(ctx) -> None:
     updates_per_step = cfg.actor.ppo_epochs * (cfg.data.train_batch_size // mini)
     actor_cfg = _with_mini_batch(cfg.actor, mini)
     node_ctx = NodeContext(cfg, cluster, ctx.rank, tokenizer)
-    node_ctx.actor = MegatronWorker("actor", actor_cfg, cfg.model, cluster.actor, ctx.device, samples_per_prompt=n,
-                                    total_optimizer_steps=cfg.trainer.total_steps * updates_per_step,
-                                    seed=cfg.trainer.seed)
-    if cluster.ref is not None:
-        node_ctx.ref = MegatronWorker("ref", cfg.ref, cfg.model, cluster.ref, ctx.device)
-    if cluster.reward_model is not None:
-        from distflow.nodes.reward_model_setup import build_reward_model
+    if ctx.trains:  # disaggregated placement: the rollout-only ranks build no Megatron worker
+        node_ctx.actor = MegatronWorker("actor", actor_cfg, cfg.model, cluster.actor, ctx.device,
+                                        samples_per_prompt=n,
+                                        total_optimizer_steps=cfg.trainer.total_steps * updates_per_step,
+                                        seed=cfg.trainer.seed)
+        if cluster.ref is not None:
+            node_ctx.ref = MegatronWorker("ref", cfg.ref, cfg.model, cluster.ref, ctx.device)
+        if cluster.reward_model is not None:
+            from distflow.nodes.reward_model_setup import build_reward_model
 
-        node_ctx.reward_model = build_reward_model(cfg, cluster.reward_model, tokenizer, ctx.device)
-    if any(node.role == "critic" for node in pipeline.nodes):
-        node_ctx.critic = _build_critic(cfg, cluster, ctx.device)
+            node_ctx.reward_model = build_reward_model(cfg, cluster.reward_model, tokenizer, ctx.device)
+        if any(node.role == "critic" for node in pipeline.nodes):
+            node_ctx.critic = _build_critic(cfg, cluster, ctx.device)
     node_ctx.rollout = RolloutWorker(cfg, placement, ctx.rank, cfg.model.path)
     train_set = PromptDataset.from_config(cfg.data, tokenizer, "train")
     val_set = PromptDataset.from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None
@@ -86,11 +88,12 @@ def run(ctx) -> None:
         from distflow.nodes.warmup import reference_from_actor, sft_warmup
 
         losses = sft_warmup(node_ctx, train_set, cfg.trainer.sft_warmup_steps, cfg.data.train_batch_size,
-                            cfg.trainer.seed)
+                            cfg.trainer.seed) if ctx.trains else []
         sync_weights(node_ctx, {})
         if node_ctx.ref is not None:
             reference_from_actor(node_ctx)
-        ctx.log(f"supervised warm-up: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+        if losses:
+            ctx.log(f"supervised warm-up: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
     for step in range(start_step + 1, cfg.trainer.total_steps + 1):
         start = time.perf_counter()
@@ -111,7 +114,7 @@ def run(ctx) -> None:
                               rollout_weight_version=node_ctx.rollout.weight_version)
     tracker.close()
     failure.stop()
-    state = node_ctx.actor.export_hf_state()
+    state = node_ctx.actor.export_hf_state() if ctx.trains else None
     if ctx.rank == 0 and cfg.checkpoint.export_hf:
         from distflow.workers.megatron.hf_io import save_hf_checkpoint
 

@@ -135,6 +135,8 @@ def check_compatible(path: Path, meta: dict, now: dict) -> None:
     if meta["world_size"] != now["world_size"]:
         problems.append(f"world size {meta['world_size']} (now {now['world_size']})")
     saved, current = set(meta["roles"]), set(now["roles"])
+    if not current:  # a rollout-only rank (disaggregated placement) holds no worker to compare
+        saved = set()
     if saved != current:
         problems.append(f"trainable roles {sorted(saved)} (now {sorted(current)})")
     for role in sorted(saved & current):

@@ -1,7 +1,8 @@
 """One MegatronWorker's state: the model as a Megatron distributed checkpoint, plus its optimizer (if it
 trains; a forward-only worker, e.g. a reference made from the warmed-up actor, saves its model only).
 
-Every rank of the job calls save/load together (dist_checkpointing is collective over the default group).
+Every training rank calls save/load together (dist_checkpointing is collective over the default group,
+which training_world() makes the training ranks').
 The folder holds the chunks' sharded_state_dict (keys as written by tools/convert_hf_to_megatron.py, so
 tools/convert_megatron_to_hf.py can read an actor's weights). A regular optimizer's state (Adam moments,
 fp32 masters, step) joins the same dist checkpoint. The distributed optimizer's state is written per rank
@@ -19,8 +20,10 @@ import torch.distributed as dist
 
 from distflow.checkpointing.errors import CheckpointError
 from distflow.models.checkpoint_import import sharded_state_dict
+from distflow.training_world import in_training_world
 
 
+@in_training_world
 def save_worker(worker, folder: Path) -> None:
     """Writes `worker`'s model and optimizer shards into `folder` (created by the caller, shared FS)."""
     from megatron.core import dist_checkpointing
@@ -37,6 +40,7 @@ def save_worker(worker, folder: Path) -> None:
         torch.save([_local_state(opt) for opt in distributed], folder / f"optimizer_rank{dist.get_rank()}.pt")
 
 
+@in_training_world
 def load_worker(worker, folder: Path) -> None:
     """Reads this rank's shards of `folder` into `worker`'s chunks and optimizer (same layout as saved)."""
     from megatron.core import dist_checkpointing

@@ -118,6 +118,12 @@ class SyncConfig:
         "an SGLang shard layout, else full HF-named tensors staged the same way); reshard: the resharder, "
         "shards only (an error for families without a shard layout); full: gather the full HF tensors on "
         "rank 0 and broadcast them to every engine owner (the simple fallback).")
+    transport: Literal["auto", "shared_memory", "process_group"] = option(
+        "auto", "How a training rank's slices reach an engine rank hosted by another rank: shared_memory writes "
+        "them into the engine rank's staging buffer (same node: shared memory on CPU, CUDA IPC on GPU); "
+        "process_group sends them over a weight-update process group (gloo on CPU, NCCL on GPU; engines on other "
+        "nodes than their senders, e.g. disaggregated placement); auto: shared memory within a node, the process "
+        "group across nodes.")
 
 
 @dataclass

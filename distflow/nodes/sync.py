@@ -31,22 +31,31 @@ def _sync_resharded(ctx) -> dict:
     actor, rollout = ctx.actor, ctx.rollout
     resharder = getattr(rollout, "resharder", None)
     if resharder is None:
-        resharder = rollout.resharder = WeightResharder.for_megatron_worker(
-            actor, ctx.cluster.placement, ctx.cfg.sync, engine=rollout.engine, engine_dtype=ctx.cfg.model.dtype,
-            mode=MODES[ctx.cfg.sync.method])
+        common = dict(engine=rollout.engine, engine_dtype=ctx.cfg.model.dtype, mode=MODES[ctx.cfg.sync.method],
+                      timeout_s=ctx.cfg.trainer.dist_timeout_s)
+        if actor is not None:
+            resharder = WeightResharder.for_megatron_worker(actor, ctx.cluster.placement, ctx.cfg.sync, **common)
+        else:  # a rollout-only rank (disaggregated placement): it receives, and sends nothing
+            from distflow.workers.rollout.worker import placement_device
+
+            resharder = WeightResharder.for_rollout_rank(ctx.cfg.model.path, ctx.cluster.actor, ctx.cluster.placement,
+                                                         ctx.cfg.sync, engine_device=placement_device(ctx.cfg),
+                                                         **common)
+        rollout.resharder = resharder
         resharder.version = rollout.weight_version  # a resumed run counts on from its checkpoint
         if ctx.rank == 0:
             print(resharder.plan.describe(), flush=True)
     rollout.make_resident()
     # The parameters again: an optimizer may have replaced their storage since the last sync.
-    stats = resharder.sync(megatron_tensors(actor.chunks, actor.config))
+    stats = resharder.sync(megatron_tensors(actor.chunks, actor.config) if actor is not None else None)
     rollout.weights_synced(stats.version)
     return stats.metrics()
 
 
 def _sync_full(ctx) -> dict:
     start = time.perf_counter()
-    state = ctx.actor.export_hf_state()  # full tensors on global rank 0, None elsewhere
+    # Full tensors on global rank 0 (a training rank), None elsewhere.
+    state = ctx.actor.export_hf_state() if ctx.actor is not None else None
     payload = [sorted(state.items()) if state is not None else None]
     dist.broadcast_object_list(payload, src=0)
     ctx.rollout.load_weights(payload[0])

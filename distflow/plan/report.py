@@ -203,9 +203,6 @@ def _check(plan: Plan, colocated: bool, runnable_pipelines) -> None:
                  "the Megatron worker builds today); --attention flash plans for Transformer Engine's flash attention")
     if cfg.rollout.mem_fraction_static is None:
         n.append(f"rollout.mem_fraction_static is null: SGLang chooses one at start; {ASSUMED_MEM_FRACTION} assumed")
-    if not colocated:
-        n.append("distflow.train does not build Megatron groups for disaggregated placement yet "
-                 "(distflow/distributed.py); the plan is what such a run will hold")
     if cfg.dag.pipeline not in runnable_pipelines and ":" not in cfg.dag.pipeline:
         n.append(f"distflow.train cannot run dag.pipeline={cfg.dag.pipeline} yet (the RL trainer is coming; "
                  f"runnable today: {sorted(runnable_pipelines)})")

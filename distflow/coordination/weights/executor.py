@@ -17,9 +17,11 @@ a second, with the engine log's tail) is reported in the next status exchange, e
 cause, and the engine stays marked stale (engine_state). Megatron's weights are only read.
 sync.verify: the owner asks every engine rank for the checksum of each parameter (engine_side.probe) and
 compares, per bucket, with the sum of the shares the senders computed from their own shards.
-The transfer is same-node shared memory: colocated placement, or disaggregated within one node. Engines on
-other nodes than their senders (a weight-update process group over NCCL/gloo) are not implemented: the
-first sync refuses them, naming the ranks and hosts.
+Engine ranks on another node than a sender (disaggregated placement across nodes), or every sender/host pair
+with sync.transport=process_group, are reached over a weight-update process group instead (group_transport):
+the sender packs its pieces for that host, they travel once every rank has packed its bucket, and the host
+writes them into its staging buffer. An engine's own ranks must share a node with its owner, which loads
+every engine rank's staging buffer.
 """
 import contextlib
 import logging
@@ -35,6 +37,7 @@ import torch.distributed as dist
 
 from distflow.coordination.weights import checksum as wsum
 from distflow.coordination.weights import engine_side
+from distflow.coordination.weights.group_transport import GroupTransport
 from distflow.coordination.weights.plan import WeightSyncPlan, plan_weight_sync
 from distflow.coordination.weights.regions import narrow
 from distflow.workers.rollout import engine_health
@@ -64,6 +67,8 @@ class SyncStats:
     receiver_bytes: dict = field(default_factory=dict)
     """(engine, engine rank) -> bytes that rank received."""
     verified: bool = False
+    group_bytes: int = 0
+    """Bytes that travelled over the weight-update process group (group_transport), all senders together."""
 
     @property
     def gb_per_s(self) -> float:
@@ -72,7 +77,8 @@ class SyncStats:
     def metrics(self) -> dict[str, float]:
         return {"sync/seconds": self.seconds, "sync/bytes": float(self.total_bytes),
                 "sync/busiest_rank_bytes": float(self.busiest_sender_bytes), "sync/gbps": self.gb_per_s,
-                "sync/version": float(self.version), "sync/buckets": float(self.buckets)}
+                "sync/version": float(self.version), "sync/buckets": float(self.buckets),
+                "sync/group_bytes": float(self.group_bytes)}
 
 
 class WeightResharder:
@@ -88,7 +94,7 @@ class WeightResharder:
 
     def __init__(self, plan: WeightSyncPlan, local_tensors: dict[str, torch.Tensor], *, engine=None,
                  engine_dtype: torch.dtype = torch.float32, verify: bool = False, load_format: str = "direct",
-                 on_bucket=None):
+                 on_bucket=None, transport: str = "auto", timeout_s: float | None = None):
         assert plan.element_size == torch.empty(0, dtype=engine_dtype).element_size(), "plan/engine dtype mismatch"
         self.plan, self.local, self.dtype = plan, local_tensors, engine_dtype
         self.verify, self.load_format, self.on_bucket = verify, load_format, on_bucket
@@ -107,17 +113,36 @@ class WeightResharder:
         """Owner with verify: each engine rank's probe report after the last sync (engine_side.probe)."""
         self._writes = self._index_writes()
         self._check_local_tensors()
+        self.transport = GroupTransport(plan, self.rank, transport, self._device(), timeout_s)
+        self._outgoing: dict[int, list[torch.Tensor]] = {}  # host -> this bucket's pieces for the group
 
     @classmethod
     def for_megatron_worker(cls, worker, placement, sync_cfg, *, engine=None, engine_dtype: str = "float32",
                             mode: str = "auto", **kwargs) -> "WeightResharder":
-        """The resharder for a MegatronWorker's model (every rank of the placement calls this)."""
+        """The resharder for a MegatronWorker's model (every rank of the placement calls this or, on a rank
+        without the worker, for_rollout_rank)."""
         plan = plan_weight_sync(worker.spec, worker.checkpoint.config, worker.layout, placement,
                                 bucket_bytes=sync_cfg.bucket_mb * 2**20,
                                 element_size=DTYPES[engine_dtype].itemsize, mode=mode,
                                 padded_vocab=worker.chunks[0].vocab_size, engine_device=worker.device.type)
         return cls(plan, megatron_tensors(worker.chunks, worker.config), engine=engine,
-                   engine_dtype=DTYPES[engine_dtype], verify=sync_cfg.verify, **kwargs)
+                   engine_dtype=DTYPES[engine_dtype], verify=sync_cfg.verify, transport=sync_cfg.transport, **kwargs)
+
+    @classmethod
+    def for_rollout_rank(cls, model_path: str, layout, placement, sync_cfg, *, engine=None,
+                         engine_dtype: str = "float32", engine_device: str = "cpu", mode: str = "auto",
+                         **kwargs) -> "WeightResharder":
+        """The resharder on a rank that hosts engines and trains nothing (disaggregated placement): the same
+        plan as the training ranks' (Megatron's default vocabulary padding, as the worker builds it), no
+        tensors of its own to send."""
+        from distflow.models.conversion import HFCheckpoint
+        from distflow.models.registry import spec_for
+
+        config = HFCheckpoint(model_path).config
+        plan = plan_weight_sync(spec_for(config), config, layout, placement, bucket_bytes=sync_cfg.bucket_mb * 2**20,
+                                element_size=DTYPES[engine_dtype].itemsize, mode=mode, engine_device=engine_device)
+        return cls(plan, {}, engine=engine, engine_dtype=DTYPES[engine_dtype], verify=sync_cfg.verify,
+                   transport=sync_cfg.transport, **kwargs)
 
     # ---- the sync ---------------------------------------------------------------------------------------
 
@@ -131,7 +156,7 @@ class WeightResharder:
             self._check_local_tensors()
         version = self.version + 1
         tic = time.perf_counter()
-        sent = 0
+        sent, group_sent_before = 0, self.transport.sent_bytes
         expected: dict = {}  # (engine, rank, name) -> checksum shares
         with _file_system_sharing():
             error = None
@@ -147,11 +172,17 @@ class WeightResharder:
                 for _, status in self._exchange(error, shares):
                     for key, value in (status or {}).items():
                         expected.setdefault(key, []).append(value)
+                if self.transport.uses_group(b):  # every rank packed its pieces: now they travel
+                    error, shares = self._safe(self._transfer_bucket, b)[:2]
+                    for _, status in self._exchange(error, shares):
+                        for key, value in (status or {}).items():
+                            expected.setdefault(key, []).append(value)
                 self._ready = True
                 pending = self._safe(self._load_bucket, b)[0] if self.engine is not None else None
             if self.engine is not None and pending is None:
                 pending = self._safe(self._finish, expected)[0]
-            statuses = self._exchange(pending, {"seconds": time.perf_counter() - tic, "sent": sent})
+            statuses = self._exchange(pending, {"seconds": time.perf_counter() - tic, "sent": sent,
+                                                "group_sent": self.transport.sent_bytes - group_sent_before})
         self.version = version
         if self.engine is not None:
             state = state_of(self.engine)
@@ -162,7 +193,8 @@ class WeightResharder:
                      for r in range(self.plan.engine_tp)}
         return SyncStats(version=version, seconds=seconds, total_bytes=self.plan.total_bytes,
                          busiest_sender_bytes=statuses[busiest][1]["sent"], busiest_sender=busiest,
-                         buckets=len(self.plan.buckets), receiver_bytes=receivers, verified=self.verify)
+                         buckets=len(self.plan.buckets), receiver_bytes=receivers, verified=self.verify,
+                         group_bytes=sum(s["group_sent"] for _, s in statuses))
 
     def _exchange(self, error, payload=None) -> list:
         """All-gathers (error, payload) and raises WeightSyncError on every rank if any rank reported one."""
@@ -206,7 +238,9 @@ class WeightResharder:
         """Opens the other hosts' staging buffers this rank writes to or (owner) loads from."""
         from sglang.srt.utils import MultiprocessingSerializer
 
-        needed = {(e, r) for items in self._writes.values() for e, r, *_ in items}
+        self.transport.set_hostnames([host for _, (host, _) in gathered])
+        needed = {(e, r) for items in self._writes.values() for e, r, *_ in items
+                  if not self.transport.via_group(self.rank, self.plan.engines[e][r].host)}
         needed |= {(e, r) for items in self._zero_fills.values() for e, r, *_ in items}
         if self.engine_index is not None:
             needed |= {(self.engine_index, rp.rank) for rp in self.plan.engines[self.engine_index]}
@@ -216,9 +250,11 @@ class WeightResharder:
                 if (e, r) not in needed or (e, r, slot) in self._staging:
                     continue
                 if host != here:
-                    raise NotImplementedError(
+                    raise ValueError(
                         f"engine {e} rank {r} is staged on rank {rank} ({host}), another node than rank {self.rank} "
-                        f"({here}): the transfer between nodes (a weight-update process group) is not implemented")
+                        f"({here}): shared memory cannot reach it; use sync.transport=auto or process_group"
+                        + (" (an engine whose ranks span nodes is loaded by its owner from every rank's staging "
+                           "buffer: keep each engine within one node)" if self.engine_index == e else ""))
                 self._staging[(e, r, slot)] = MultiprocessingSerializer.deserialize(handle)
 
     def _begin(self, version: int):
@@ -235,11 +271,17 @@ class WeightResharder:
             self.on_bucket(b)
         shares, sent = {}, 0
         slot = b % 2
+        self._outgoing = {}
         for e, r, target, offset in self._zero_fills.get(b, ()):  # rows no piece writes: no race with writers
             first, count = target.padding_rows
             self._staging[(e, r, slot)][offset:offset + target.numel].view(target.shape)[first:first + count].zero_()
         with torch.no_grad():
             for e, r, target, offset, piece in self._writes.get(b, ()):
+                host = self.plan.engines[e][r].host
+                if self.transport.via_group(self.rank, host):  # sent after every rank has packed (sync)
+                    self._outgoing.setdefault(host, []).append(narrow(self.local[piece.src_name], piece.src))
+                    sent += piece.numel * self.plan.element_size
+                    continue
                 dst = narrow(self._staging[(e, r, slot)][offset:offset + target.numel].view(target.shape), piece.dst)
                 src = narrow(self.local[piece.src_name], piece.src)
                 dst.copy_(src)
@@ -249,6 +291,11 @@ class WeightResharder:
                     share = wsum.region_checksum(dst, target.shape, piece.dst)
                     shares[key] = (shares.get(key, 0) + share) % wsum.MODULUS
         return shares, sent
+
+    def _transfer_bucket(self, b: int):
+        shares = self.transport.transfer(b, self._outgoing, self._staging, self.dtype, self.verify)
+        self._outgoing = {}
+        return shares
 
     def _load_bucket(self, b: int):
         from sglang.srt.model_executor.model_runner_components.weight_updater import LocalSerializedTensor
@@ -368,7 +415,10 @@ class WeightResharder:
                                      f"reads {piece.src}")
 
     def _device(self) -> torch.device:
-        return next(iter(self.local.values())).device if self.local else torch.device("cpu")
+        if self.local:
+            return next(iter(self.local.values())).device
+        # A rollout-only rank stages on its engine's device.
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
     def _call(self, what: str, method: str, *args, **kwargs):
         """Calls engine.<method>; raises on SGLang's (False, message) answers, and EngineDiedError (with the

@@ -20,6 +20,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from distflow.training_world import in_training_world
 from distflow.workers.megatron import batching, builder, hf_io, steps
 from distflow.workers.megatron.offload import ParameterOffloader
 from distflow.workers.megatron.value_head import install_value_head
@@ -45,6 +46,7 @@ class MegatronWorker:
     samples_per_prompt: rows per prompt (rollout.n); mini_batch_size counts prompts.
     """
 
+    @in_training_world
     def __init__(self, role: str, role_cfg, model_cfg, layout, device: str, *, total_optimizer_steps: int = 1,
                  samples_per_prompt: int = 1, seed: int = 1):
         from distflow.models.conversion import HFCheckpoint
@@ -88,6 +90,7 @@ class MegatronWorker:
 
     # ---- forward passes -------------------------------------------------------------------------------
 
+    @in_training_world
     @torch.no_grad()
     def compute_logprobs(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(logprobs [B, S], entropy [B, S]) float32 of this rank's rows, on every rank of the replica."""
@@ -104,6 +107,7 @@ class MegatronWorker:
                 out = self._forward(batch, output_fn, ("logprobs", "entropy"))
         return out["logprobs"], out["entropy"]
 
+    @in_training_world
     @torch.no_grad()
     def compute_values(self, batch: dict) -> torch.Tensor:
         """values [B, S] float32 of this rank's rows (critic), on every rank of the replica."""
@@ -115,6 +119,7 @@ class MegatronWorker:
 
         return self._forward(batch, output_fn, ("values",))["values"]
 
+    @in_training_world
     @torch.no_grad()
     def compute_scores(self, batch: dict) -> torch.Tensor:
         """scores [B] float32 of this rank's rows (reward model): the head at each row's last real token,
@@ -154,6 +159,7 @@ class MegatronWorker:
 
     # ---- training -------------------------------------------------------------------------------------
 
+    @in_training_world
     def train_step(self, batch: dict, loss_fn) -> dict:
         """ppo_epochs passes over the batch, one optimizer step per mini-batch; returns averaged metrics.
 
@@ -258,11 +264,13 @@ class MegatronWorker:
     def _values(output: torch.Tensor) -> torch.Tensor:
         return shift_to_token_positions(output[..., 0].float())
 
+    @in_training_world
     def export_hf_state(self) -> dict[str, torch.Tensor] | None:
         """The model's weights under HF names on global rank 0 (None elsewhere); the critic's without its head."""
         return hf_io.gather_hf_state(self.chunks, self.spec, self.checkpoint.config, self.config,
                                      skip_output_layer=self.role == "critic")
 
+    @in_training_world
     def gather_hf_grads(self) -> dict[str, torch.Tensor] | None:
         """The last step's gradients under HF names on global rank 0 (for tests and debugging)."""
         return hf_io.gather_hf_state(self.chunks, self.spec, self.checkpoint.config, self.config, tensors="grads",

@@ -51,7 +51,9 @@ class RolloutWorker:
         self.released = False  # colocated: engine memory handed to training between generations
         # Releasing memory frees GPU memory for training; on CPU SGLang has nothing to release (its calls
         # are no-ops there) and asserts if a finishing request is still in flight, so it is skipped.
-        self.release_between_steps = cfg.rollout.release_memory_in_training and placement_device(cfg) == "cuda"
+        # Disaggregated engines have their devices to themselves: nothing to release.
+        self.release_between_steps = (cfg.rollout.release_memory_in_training and placement_device(cfg) == "cuda"
+                                      and placement.kind == "colocated")
         self.infos: dict[int, SampleInfo] = {}
         if self.owner:
             from distflow.workers.rollout import sglang_engine

@@ -77,7 +77,8 @@ def check_synced(result):
     if not result["case"].startswith("tp=1"):
         assert sync["busiest_sender_bytes"] < sync["total_bytes"]
     assert set(sync["metrics"]) == {"sync/seconds", "sync/bytes", "sync/busiest_rank_bytes", "sync/gbps",
-                                    "sync/version", "sync/buckets"}
+                                    "sync/version", "sync/buckets", "sync/group_bytes"}
+    assert sync["metrics"]["sync/group_bytes"] == 0  # one node, colocated: shared memory only
 
 
 @pytest.mark.parametrize("case", [c for c in CASES_A if "kill" not in c])
