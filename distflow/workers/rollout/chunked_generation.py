@@ -8,21 +8,31 @@ Where seeded samples depend on their batch mates (sglang_engine.sampling_depends
 one chunk is in flight at a time, so a chunk's samples are the same whichever engine generates it.
 """
 import asyncio
+from dataclasses import dataclass
 
 from distflow.workers.rollout import engine_health, sglang_engine
 
 
-def generate_claimed_chunks(engine, board, seed_of_home, budget_tokens: int, **sampling) -> tuple[dict, int]:
+@dataclass
+class ChunkRun:
+    generated: dict  # chunk -> its samples, prompt-major, prompt_index counted in the home's partition
+    tokens: int  # response tokens generated here
+    peak_in_flight: int  # most chunks in flight at once
+
+
+def generate_claimed_chunks(engine, board, seed_of_home, budget_tokens: int, **sampling) -> ChunkRun:
     """Runs chunks from `board.claim()` on `engine` until it returns None.
 
-    seed_of_home(home engine) -> the call seed of that home's partition (None: unseeded), so a sample's seed
+    seed_of_home(home engine) -> the call seed of that home's partition (seed_of_home None: unseeded), so a sample's seed
     does not depend on the engine that generates it. `sampling`: sglang_engine.generate's n, temperature,
-    top_p, top_k, max_new_tokens, stop_token_ids. Returns ({chunk: its samples, prompt-major, prompt_index
-    counted in the home's partition}, response tokens generated here). Engine death: EngineDiedError.
+    top_p, top_k, max_new_tokens, stop_token_ids. Engine death: EngineDiedError.
     """
-    one_at_a_time = sglang_engine.sampling_depends_on_batch(engine)
+    peak = 0
+    # Unseeded samples do not depend on their batch mates' seeds; seeded ones may (see the module doc).
+    one_at_a_time = seed_of_home is not None and sglang_engine.sampling_depends_on_batch(engine)
 
     async def run() -> dict:
+        nonlocal peak
         generated, pending, outstanding, exhausted = {}, {}, 0, False
         try:
             while True:
@@ -32,11 +42,12 @@ def generate_claimed_chunks(engine, board, seed_of_home, budget_tokens: int, **s
                         exhausted = True
                         break
                     chunk, prompts = claimed
+                    seed = None if seed_of_home is None else seed_of_home(chunk.home)
                     task = asyncio.ensure_future(sglang_engine.generate_async(
-                        engine, prompts, seed=seed_of_home(chunk.home), first_prompt_index=chunk.first_prompt,
-                        **sampling))
+                        engine, prompts, seed=seed, first_prompt_index=chunk.first_prompt, **sampling))
                     pending[task] = chunk
                     outstanding += chunk.est_tokens
+                    peak = max(peak, len(pending))
                 if not pending:
                     return generated
                 done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -49,4 +60,4 @@ def generate_claimed_chunks(engine, board, seed_of_home, budget_tokens: int, **s
                 task.cancel()
 
     generated = engine_health.call(engine, "generate", engine.loop.run_until_complete, run())
-    return generated, sum(len(s.response_ids) for samples in generated.values() for s in samples)
+    return ChunkRun(generated, sum(len(s.response_ids) for samples in generated.values() for s in samples), peak)

@@ -6,6 +6,10 @@ globally unique sample ids and prompt-group ids, so the data coordinator can mov
 sample's SampleInfo records the weight version that generated it.
 Engines start with the weight resharder's engine-side loaders (coordination.weights.engine_side), so the
 sync node can push shards into them; weight_version is the version of the last completed sync, on every rank.
+Several engines balance the training rollout (generate(balance=True)): each owner's prompts are split into
+chunks that any owner may claim through the job's c10d store (rollout.balance=steal; work_stealing.py,
+chunked_generation.py); stolen chunks' samples come back to their home owner and are sampled with the home
+engine's seeds, so the returned batch is the same whichever engine generated a prompt.
 Each engine's processes log to <trainer.output_dir>/engine_logs/engine<i>.log; errors about an engine (a
 failed start, a death during generation or a sync) end with that log's last lines.
 """
@@ -136,10 +140,9 @@ class RolloutWorker:
                                          steal=r.balance == "steal")
         board.publish(chunks, prompt_ids)
         self._balance_round += 1
-        generated, tokens = chunked_generation.generate_claimed_chunks(
-            self.engine, board, lambda home: self.sampling_seed(home, greedy), r.balance_outstanding_tokens,
-            **sampling)
-        mine, self.balance_stats = board.finish(generated, tokens)
+        run = chunked_generation.generate_claimed_chunks(
+            self.engine, board, None if greedy else self.sampling_seed, r.balance_outstanding_tokens, **sampling)
+        mine, self.balance_stats = board.finish(run.generated, run.tokens)
         return [s for c in chunks for s in mine[c.index]]
 
     def load_weights(self, named_tensors) -> None:
