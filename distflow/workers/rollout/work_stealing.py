@@ -140,7 +140,7 @@ class StoreBoard:
         while (home := choose_home(self.me, plans, self.claimed)) is not None:
             index = int(self.store.add(self.key("claims", home), 1)) - 1
             self.claimed[home] = index + 1
-            if index < len(self.plans[home]) and home == self.me and not self.steal:
+            if index < len(self.plans[home]) and home == self.me:  # my own: no need to read the store
                 return self._own[index], self._own_prompts[index]
             if index < len(self.plans[home]):
                 first, prompts = pickle.loads(self.store.get(self.key("prompts", home, index)))
