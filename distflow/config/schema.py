@@ -107,6 +107,17 @@ class RolloutConfig:
     release_memory_in_training: bool = option(
         True, "Colocated: engines free their GPU memory while training runs (no-op on CPU).")
     sglang: dict = option({}, "Extra SGLang ServerArgs fields, passed through to sglang.Engine unchanged.")
+    balance: Literal["steal", "partition"] = option(
+        "steal", "With several engines: steal: an engine whose own prompts are all claimed takes chunks of the "
+        "engine with the most unclaimed estimated tokens (results go back to their home engine); partition: each "
+        "engine generates only its own prompts.")
+    balance_chunk_prompts: int = option(8, "Prompt groups (all n samples of a prompt) per claimable chunk.")
+    balance_outstanding_tokens: int = option(
+        262144, "An engine claims more chunks while its claimed-but-unfinished chunks' estimated tokens (prompt "
+        "+ n x max_new_tokens) stay below this (at least one chunk; one at a time where seeded samples depend "
+        "on the batch, as on CPU).")
+    balance_timeout_s: float = option(
+        3600.0, "Longest wait for other engines' chunk plans, stolen chunks' samples and totals in a step.")
 
 
 @dataclass

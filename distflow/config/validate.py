@@ -44,6 +44,9 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
         raise ConfigError("rollout.placement=disaggregated needs rollout.num_ranks >= 1 (ranks hosting engines)")
     _positive("rollout.engine_tp", r.engine_tp)
     _positive("rollout.n", r.n)
+    _positive("rollout.balance_chunk_prompts", r.balance_chunk_prompts)
+    _positive("rollout.balance_outstanding_tokens", r.balance_outstanding_tokens)
+    _positive("rollout.balance_timeout_s", r.balance_timeout_s)
     _positive("rollout.max_new_tokens", r.max_new_tokens)
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")

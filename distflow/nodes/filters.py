@@ -40,7 +40,8 @@ from distflow.algorithms.groups import filter_groups_with_variance
 from distflow.coordination.data import PackedBatch
 from distflow.dag.controller import SkipStep
 
-_SUMMED_OVER_ROUNDS = ("rollout/tokens", "rollout/seconds", "reward/errors", "reward/timeouts")
+_SUMMED_OVER_ROUNDS = ("rollout/tokens", "rollout/seconds", "rollout/stolen_groups", "reward/errors",
+                       "reward/timeouts")
 
 
 @dataclass

@@ -1,10 +1,11 @@
-"""generate: each engine owner samples rollout.n responses per prompt of its shard."""
+"""generate: each engine owner samples rollout.n responses per prompt of its shard (with several engines
+and rollout.balance=steal, idle engines take chunks of busy ones; the samples come back to their shard)."""
 import time
 
 
 def generate(ctx, inputs):
     start = time.perf_counter()
-    samples = ctx.rollout.generate(inputs["prompts"] or [], ctx.tokenizer.eos_token_id)
+    samples = ctx.rollout.generate(inputs["prompts"] or [], ctx.tokenizer.eos_token_id, balance=True)
     if samples is not None:
         infos = ctx.rollout.infos.values()
         lengths = [len(i.response_ids) for i in infos]
@@ -18,4 +19,10 @@ def generate(ctx, inputs):
                       "rollout/weight_version": min((i.weight_version for i in infos),
                                                     default=ctx.rollout.weight_version),
                       "rollout/seconds": time.perf_counter() - start})
+        stats = ctx.rollout.balance_stats
+        if stats is not None:  # several engines: the same totals over all engines on every owner
+            per_engine = stats["engine_tokens"]
+            mean = sum(per_engine) / len(per_engine)
+            ctx.record(**{"rollout/stolen_groups": stats["stolen_groups"],
+                          "rollout/engine_tokens_max_over_mean": max(per_engine) / mean if mean else 1.0})
     return {"samples": samples}

@@ -17,7 +17,9 @@ from distflow.models.tiny import make_tiny_model
 from distflow.testing.launch import run, torchrun
 
 # Wall-clock metrics differ between any two runs; everything else must match.
-_TIMED = ("timing_s/", "perf/", "sync/seconds", "sync/gbps", "rollout/seconds")
+# Timing and scheduling outcomes (which engine generated which chunk) may differ between runs; samples may not.
+_TIMED = ("timing_s/", "perf/", "sync/seconds", "sync/gbps", "rollout/seconds", "rollout/stolen_groups",
+          "rollout/engine_tokens_max_over_mean")
 TOL = 1e-6
 
 

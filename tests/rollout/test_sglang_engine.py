@@ -196,3 +196,27 @@ def test_engine_dying_during_generate_is_an_error_not_a_hang(tiny_qwen2, tmp_pat
             generate(engine, PROMPTS, max_new_tokens=4)
     finally:
         shutdown_engine(engine)
+
+
+def test_claimed_chunks_run_concurrently_and_match_one_call(started):
+    """Unseeded chunks are all in flight at once under a large budget (SGLang's async API on the engine's
+    loop); each sample keeps its prompt index in the whole list and equals the one-call greedy result."""
+    from torch.distributed import HashStore
+
+    from distflow.workers.rollout.chunked_generation import generate_claimed_chunks
+    from distflow.workers.rollout.work_stealing import StoreBoard, split_into_chunks
+
+    engine = started["engine"]
+    prompts = PROMPTS + [[20, 21, 22, 23]]
+    board = StoreBoard(HashStore(), 0, 0, 1, timeout_s=30)
+    chunks = split_into_chunks(0, [len(p) for p in prompts], 1, GREEDY_TOKENS, chunk_prompts=1)
+    board.publish(chunks, prompts)
+    engine.flush_cache()
+    run = generate_claimed_chunks(engine, board, None, budget_tokens=10**6, n=1, temperature=0.0,
+                                  max_new_tokens=GREEDY_TOKENS)
+    assert run.peak_in_flight == 3
+    assert sorted((c.index, c.first_prompt) for c in run.generated) == [(0, 0), (1, 1), (2, 2)]
+    samples = [s for c in chunks for s in run.generated[c]]
+    assert [s.prompt_index for s in samples] == [0, 1, 2]
+    assert run.tokens == sum(len(s.response_ids) for s in samples)
+    assert [s.response_ids for s in samples] == [s.response_ids for s in greedy(engine, prompts)]

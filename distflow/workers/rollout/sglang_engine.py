@@ -191,7 +191,7 @@ def _check_extra_args(extra_args: dict) -> dict:
 
 def generate(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
              top_k: int = -1, max_new_tokens: int = 128, stop_token_ids: list[int] | None = None,
-             seed: int | None = None) -> list[RolloutSample]:
+             seed: int | None = None, first_prompt_index: int = 0) -> list[RolloutSample]:
     """Samples `n` responses per prompt; returns len(prompt_ids) * n samples, prompt-major.
 
     Log-probs are SGLang's rollout log-probs: log-softmax of logits / temperature (top-p/top-k do not
@@ -201,18 +201,50 @@ def generate(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float
     `enable_custom_logit_processor` (the CPU default) get seeded_sampling's stand-in instead, so the samples
     depend on the seeds, not on the calls the engine served before; otherwise samples come from the
     engine's seeded sampler (see start_engine).
+    `first_prompt_index`: prompt_ids are the prompts first_prompt_index, first_prompt_index + 1, ... of a
+    larger list (a chunk of it); samples' prompt_index and sampling seeds count in that list, so a chunk
+    samples with the seeds the whole list would give its prompts.
     The n samples of a prompt are sent as separate requests in one batch: SGLang's own `n` sends them one
     by one, which makes the batch composition, and so the sampled tokens, depend on timing.
     Every sample carries the engine's weight version. Raises StaleEngineError, before sending anything, on an
     engine whose last weight update did not complete (engine_state).
     """
+    version, requests, kwargs = _prepare(engine, prompt_ids, n, temperature, top_p, top_k, max_new_tokens,
+                                         stop_token_ids, seed, first_prompt_index)
+    outputs = engine_health.call(engine, "generate", engine.generate, **kwargs)
+    return [_to_sample(i, out, version) for (i, _), out in zip(requests, outputs)]
+
+
+async def generate_async(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float = 1.0,
+                         top_p: float = 1.0, top_k: int = -1, max_new_tokens: int = 128,
+                         stop_token_ids: list[int] | None = None, seed: int | None = None,
+                         first_prompt_index: int = 0) -> list[RolloutSample]:
+    """`generate` as a coroutine on the engine's event loop (SGLang's `async_generate`), so several calls can
+    be in flight at once. The caller runs the loop through engine_health.call (which turns an engine death
+    into EngineDiedError)."""
+    version, requests, kwargs = _prepare(engine, prompt_ids, n, temperature, top_p, top_k, max_new_tokens,
+                                         stop_token_ids, seed, first_prompt_index)
+    outputs = await engine.async_generate(**kwargs)
+    return [_to_sample(i, out, version) for (i, _), out in zip(requests, outputs)]
+
+
+def sampling_depends_on_batch(engine) -> bool:
+    """True where a seeded sample depends on the other requests in its batch (seeded_sampling's stand-in
+    re-seeds once per batch): there, identical samples need identical batches."""
+    from distflow.workers.rollout import seeded_sampling  # imports SGLang: only once an engine runs
+
+    return seeded_sampling.processor_for(engine) is not None
+
+
+def _prepare(engine, prompt_ids, n, temperature, top_p, top_k, max_new_tokens, stop_token_ids, seed,
+             first_prompt_index):
+    """(weight version, [(prompt index, sample index)], keyword arguments of SGLang's generate) for a call."""
     monitor = engine_health.monitor_of(engine)
     if monitor is not None and monitor.dead_reason is not None:
         raise monitor.error("generate")
     state = state_of(engine)
     state.require_fresh()
-    version = state.version
-    requests = [(i, j) for i in range(len(prompt_ids)) for j in range(n)]
+    requests = [(first_prompt_index + i, j) for i in range(len(prompt_ids)) for j in range(n)]
     from distflow.workers.rollout import seeded_sampling  # imports SGLang: only once an engine runs
 
     processor = seeded_sampling.processor_for(engine) if seed is not None else None
@@ -226,11 +258,10 @@ def generate(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float
             if processor is not None:
                 p["custom_params"] = {"sampling_seed": p["sampling_seed"]}
         params.append(p)
-    outputs = engine_health.call(engine, "generate", engine.generate,
-                                 input_ids=[list(prompt_ids[i]) for i, _ in requests], sampling_params=params,
-                                 return_logprob=True,
-                                 custom_logit_processor=[processor] * len(requests) if processor else None)
-    return [_to_sample(i, out, version) for (i, _), out in zip(requests, outputs)]
+    kwargs = dict(input_ids=[list(prompt_ids[i - first_prompt_index]) for i, _ in requests],
+                  sampling_params=params, return_logprob=True,
+                  custom_logit_processor=[processor] * len(requests) if processor else None)
+    return state.version, requests, kwargs
 
 
 def update_weights_from_tensors(engine, named_tensors, load_format: str | None = None,

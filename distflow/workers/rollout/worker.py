@@ -6,6 +6,10 @@ globally unique sample ids and prompt-group ids, so the data coordinator can mov
 sample's SampleInfo records the weight version that generated it.
 Engines start with the weight resharder's engine-side loaders (coordination.weights.engine_side), so the
 sync node can push shards into them; weight_version is the version of the last completed sync, on every rank.
+Several engines balance the training rollout (generate(balance=True)): each owner's prompts are split into
+chunks that any owner may claim through the job's c10d store (rollout.balance=steal; work_stealing.py,
+chunked_generation.py); stolen chunks' samples come back to their home owner and are sampled with the home
+engine's seeds, so the returned batch is the same whichever engine generated a prompt.
 Each engine's processes log to <trainer.output_dir>/engine_logs/engine<i>.log; errors about an engine (a
 failed start, a death during generation or a sync) end with that log's last lines.
 """
@@ -55,6 +59,9 @@ class RolloutWorker:
         self.release_between_steps = (cfg.rollout.release_memory_in_training and placement_device(cfg) == "cuda"
                                       and placement.kind == "colocated")
         self.infos: dict[int, SampleInfo] = {}
+        self.num_engines = placement.num_engines
+        self._balance_round = 0  # balanced generate calls so far: namespaces their store keys
+        self.balance_stats: dict | None = None  # the last balanced call's totals (generate(balance=True))
         if self.owner:
             from distflow.workers.rollout import sglang_engine
 
@@ -63,8 +70,15 @@ class RolloutWorker:
                 mem_fraction_static=cfg.rollout.mem_fraction_static, extra_args=engine_args(cfg.rollout.sglang),
                 log_path=engine_log_path(cfg, self.engine_index))
 
-    def generate(self, prompts, eos_token_id: int, greedy: bool = False, n: int | None = None) -> PackedBatch | None:
-        """Samples rollout.n responses per prompt on this rank's engine; None on ranks without an engine."""
+    def generate(self, prompts, eos_token_id: int, greedy: bool = False, n: int | None = None,
+                 balance: bool = False) -> PackedBatch | None:
+        """Samples rollout.n responses per prompt on this rank's engine; None on ranks without an engine.
+
+        balance (the training rollout; every owner must pass the same, the same number of times): with several
+        engines, the prompts are generated in chunks, under rollout.balance=steal by whichever engine is free
+        (see work_stealing), and each sample returns here; ids, groups, seeds and the returned batch do not
+        depend on which engine generated a prompt. `balance_stats` then holds the step's stolen_groups and
+        per-engine generated tokens."""
         if not self.owner:
             return None
         from distflow.workers.rollout import sglang_engine
@@ -74,13 +88,13 @@ class RolloutWorker:
         if self.released:  # SGLang refuses to resume what it never released
             sglang_engine.resume_memory(self.engine)
             self.released = False
-        outs = sglang_engine.generate(
-            self.engine, [p.input_ids for p in prompts], n=n, temperature=0.0 if greedy else r.temperature,
-            top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens,
-            stop_token_ids=sorted({eos_token_id, *r.stop_token_ids}),
-            # A function of (trainer.seed, step, engine) [+ prompt, sample in generate]: a resumed run samples
-            # what the uninterrupted one would have, whatever its engine generated before.
-            seed=None if greedy else (self.cfg.trainer.seed * 1_000_003 + self.step) * 4099 + self.engine_index)
+        sampling = dict(n=n, temperature=0.0 if greedy else r.temperature, top_p=r.top_p, top_k=r.top_k,
+                        max_new_tokens=r.max_new_tokens, stop_token_ids=sorted({eos_token_id, *r.stop_token_ids}))
+        if balance and self.num_engines > 1:
+            outs = self._generate_chunks(prompts, greedy, sampling)
+        else:
+            outs = sglang_engine.generate(self.engine, [p.input_ids for p in prompts],
+                                          seed=self.sampling_seed(self.engine_index, greedy), **sampling)
         if self.release_between_steps:
             sglang_engine.release_memory(self.engine)
             self.released = True
@@ -106,6 +120,32 @@ class RolloutWorker:
                                                s.weight_version)
         return PackedBatch.from_samples(ids, groups, {"input_ids": tokens, "response_mask": masks,
                                                       "rollout_logprobs": logprobs})
+
+    def sampling_seed(self, home_engine: int, greedy: bool = False) -> int | None:
+        """The call seed of `home_engine`'s partition this step: a function of (trainer.seed, step, home
+        engine) [+ prompt, sample in sglang_engine.generate], so a resumed run samples what the uninterrupted
+        one would have, whatever engine generated a prompt and whatever it generated before."""
+        return None if greedy else (self.cfg.trainer.seed * 1_000_003 + self.step) * 4099 + home_engine
+
+    def _generate_chunks(self, prompts, greedy: bool, sampling: dict) -> list:
+        """This partition's samples (prompt-major, as sglang_engine.generate) through claimed chunks."""
+        from distflow.workers.rollout import chunked_generation, work_stealing
+
+        r = self.cfg.rollout
+        prompt_ids = [list(p.input_ids) for p in prompts]
+        chunks = work_stealing.split_into_chunks(self.engine_index, [len(p) for p in prompt_ids], sampling["n"],
+                                                 r.max_new_tokens, r.balance_chunk_prompts)
+        from torch.distributed import distributed_c10d
+
+        board = work_stealing.StoreBoard(distributed_c10d._get_default_store(), self._balance_round,
+                                         self.engine_index, self.num_engines, r.balance_timeout_s,
+                                         steal=r.balance == "steal")
+        board.publish(chunks, prompt_ids)
+        self._balance_round += 1
+        run = chunked_generation.generate_claimed_chunks(
+            self.engine, board, None if greedy else self.sampling_seed, r.balance_outstanding_tokens, **sampling)
+        mine, self.balance_stats = board.finish(run.generated, run.tokens)
+        return [s for c in chunks for s in mine[c.index]]
 
     def load_weights(self, named_tensors) -> None:
         """Full HF-named tensors into the engine through SGLang's own loader (the fallback sync path)."""

@@ -1,0 +1,191 @@
+"""Work stealing among rollout engines, without a dispatcher: chunks, claims in the job's store, results home.
+
+Every engine owner splits its own partition of the step's prompts into chunks (consecutive prompt groups:
+the n samples of a prompt stay together) and publishes them (estimated tokens and prompt ids) in the job's
+c10d store. Chunks are claimed with one atomic counter per home engine (`store.add(key, 1)` returns the claim
+order, so each chunk goes to exactly one claimer): an owner claims its own chunks first, then those of the
+engine with the most unclaimed estimated tokens. A stolen chunk's samples are posted to the store and read
+back by their home owner, so everything downstream of rollout sees only its own partition.
+
+Pure parts (chunking, the choice of whom to steal from) are functions; `StoreBoard` is the store protocol.
+Under balance=partition (steal=False) an owner claims only its own chunks, and the store carries just the
+plans and the per-engine totals (the step's metrics); a single engine uses no board at all.
+Keys are namespaced per generation round (every owner calls generate the same number of times) and each
+owner deletes its keys two rounds later, when every owner is certainly past that round.
+
+Test/fault hook: DISTFLOW_FAULT_SLOW_CLAIMS="<engine>:<seconds>" makes that engine wait before each of its
+claims, up to <seconds>, returning early once every chunk of the round is claimed (a slow engine whose work
+the others take; the early return keeps tests fast and their outcome independent of machine load).
+"""
+import datetime
+import os
+import pickle
+import time
+from dataclasses import dataclass
+
+SLOW_CLAIMS_ENV = "DISTFLOW_FAULT_SLOW_CLAIMS"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Prompts first_prompt .. first_prompt + num_prompts - 1 of engine `home`'s partition, with all their samples."""
+    home: int
+    index: int  # position in the home's chunk list, which is the claim order
+    first_prompt: int
+    num_prompts: int
+    est_tokens: int  # prompt tokens + n * max_new_tokens per prompt: an upper bound of the chunk's KV tokens
+
+
+def split_into_chunks(home: int, prompt_lens: list[int], n: int, max_new_tokens: int,
+                      chunk_prompts: int) -> list[Chunk]:
+    """The home engine's partition as chunks of `chunk_prompts` consecutive prompts (the last may be smaller)."""
+    if chunk_prompts < 1:
+        raise ValueError(f"rollout.balance_chunk_prompts={chunk_prompts} must be >= 1")
+    chunks = []
+    for index, first in enumerate(range(0, len(prompt_lens), chunk_prompts)):
+        lens = prompt_lens[first:first + chunk_prompts]
+        chunks.append(Chunk(home, index, first, len(lens), sum(lens) + len(lens) * n * max_new_tokens))
+    return chunks
+
+
+def unclaimed_tokens(plan: list[int], claimed: int) -> int:
+    """Estimated tokens of a home's chunks not claimed yet (claims take chunks in list order)."""
+    return sum(plan[claimed:])
+
+
+def choose_home(me: int, plans: dict[int, list[int]], claimed: dict[int, int]) -> int | None:
+    """Whose chunk to claim next: my own while any is unclaimed, else the engine with the most unclaimed
+    estimated tokens (the lowest index on a tie); None when every chunk is claimed.
+    plans: engine -> estimated tokens of its chunks; claimed: engine -> chunks claimed so far."""
+    if claimed.get(me, 0) < len(plans.get(me, ())):
+        return me
+    left = {e: unclaimed_tokens(plan, claimed.get(e, 0)) for e, plan in plans.items()}
+    best = max(sorted(left), key=lambda e: left[e], default=None)  # max keeps the first (lowest) on ties
+    return best if best is not None and left[best] > 0 else None
+
+
+def slow_claims_of(engine: int) -> float:
+    """Seconds engine `engine` waits before each claim under the fault hook (0 without it)."""
+    spec = os.environ.get(SLOW_CLAIMS_ENV, "")
+    if not spec:
+        return 0.0
+    try:
+        who, seconds = spec.split(":")
+        return float(seconds) if int(who) == engine else 0.0
+    except ValueError:
+        raise ValueError(f"{SLOW_CLAIMS_ENV}={spec!r}: expected '<engine index>:<seconds>', e.g. '1:60'") from None
+
+
+class StoreBoard:
+    """One round of claims among `num_engines` owners through the c10d `store`; every wait is bounded by
+    `timeout_s` and names what it waited for. steal=False: only my own chunks (balance=partition)."""
+
+    def __init__(self, store, round_index: int, me: int, num_engines: int, timeout_s: float, steal: bool = True):
+        self.store, self.round, self.me, self.num_engines = store, round_index, me, num_engines
+        self.steal = steal
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.timeout_s = timeout_s
+        self.plans: dict[int, list[int]] = {}
+        self.claimed: dict[int, int] = {}  # last counter values seen (claims only ever grow)
+        self.slow_s = slow_claims_of(me)
+        self._delete_round(round_index - 2)
+
+    def key(self, *parts, round_index: int | None = None) -> str:
+        return "/".join(["distflow/rollout_balance", str(self.round if round_index is None else round_index),
+                         *map(str, parts)])
+
+    def publish(self, chunks: list[Chunk], prompt_ids: list[list[int]]) -> None:
+        """Makes my chunks claimable: their prompts first, then the plan (which others wait for)."""
+        self._own = chunks
+        self._own_prompts = [prompt_ids[c.first_prompt:c.first_prompt + c.num_prompts] for c in chunks]
+        for c in chunks if self.steal else ():
+            self.store.set(self.key("prompts", self.me, c.index),
+                           pickle.dumps((c.first_prompt, prompt_ids[c.first_prompt:c.first_prompt + c.num_prompts])))
+        self.store.set(self.key("plan", self.me), pickle.dumps([c.est_tokens for c in chunks]))
+
+    def _wait(self, keys: list[str], what: str) -> None:
+        try:
+            self.store.wait(keys, self.timeout)
+        except Exception as exc:  # the store raises a generic DistStoreError/RuntimeError on timeout
+            raise TimeoutError(f"rollout balance (engine {self.me}, round {self.round}): {what} not there within "
+                               f"rollout.balance_timeout_s={self.timeout_s:g} s ({exc})") from exc
+
+    def _read_plans(self) -> None:
+        if len(self.plans) == self.num_engines:
+            return
+        keys = [self.key("plan", e) for e in range(self.num_engines)]
+        self._wait(keys, "the chunk plans of every engine")
+        self.plans = {e: pickle.loads(self.store.get(k)) for e, k in enumerate(keys)}
+
+    def _refresh_claims(self) -> None:
+        for e in range(self.num_engines):
+            self.claimed[e] = int(self.store.add(self.key("claims", e), 0))
+
+    def _all_claimed(self) -> bool:
+        self._refresh_claims()
+        return all(self.claimed[e] >= len(self.plans[e]) for e in self.plans)
+
+    def _slow_down(self) -> None:
+        deadline = time.monotonic() + self.slow_s
+        while time.monotonic() < deadline and not self._all_claimed():
+            time.sleep(0.2)
+
+    def claim(self) -> tuple[Chunk, list[list[int]]] | None:
+        """The next chunk for me and its prompts; None once every chunk of the round is claimed."""
+        self._read_plans()
+        if self.slow_s:
+            self._slow_down()
+        self._refresh_claims()
+        plans = self.plans if self.steal else {self.me: self.plans[self.me]}
+        while (home := choose_home(self.me, plans, self.claimed)) is not None:
+            index = int(self.store.add(self.key("claims", home), 1)) - 1
+            self.claimed[home] = index + 1
+            if index < len(self.plans[home]) and home == self.me:  # my own: no need to read the store
+                return self._own[index], self._own_prompts[index]
+            if index < len(self.plans[home]):
+                first, prompts = pickle.loads(self.store.get(self.key("prompts", home, index)))
+                return Chunk(home, index, first, len(prompts), self.plans[home][index]), prompts
+        return None
+
+    def finish(self, generated: dict[Chunk, list], generated_tokens: int) -> tuple[dict[int, list], dict]:
+        """post_results, then collect."""
+        self.post_results(generated, generated_tokens)
+        return self.collect()
+
+    def post_results(self, generated: dict[Chunk, list], generated_tokens: int) -> None:
+        """Posts the stolen chunks' samples for their homes, and my totals (groups stolen, tokens generated);
+        keeps my own chunks' samples for collect."""
+        self._mine = {c.index: s for c, s in generated.items() if c.home == self.me}
+        stolen = [c for c in generated if c.home != self.me]
+        for c in stolen:
+            self.store.set(self.key("result", c.home, c.index), pickle.dumps(generated[c]))
+        self.store.set(self.key("totals", self.me), pickle.dumps((sum(c.num_prompts for c in stolen),
+                                                                  generated_tokens)))
+
+    def collect(self) -> tuple[dict[int, list], dict]:
+        """(my chunks' samples by chunk index, the round's totals over every engine), once my chunks generated
+        elsewhere and every engine's totals are in the store."""
+        self._read_plans()
+        mine = dict(self._mine)
+        away = [i for i in range(len(self.plans[self.me])) if i not in mine]
+        if away:
+            keys = [self.key("result", self.me, i) for i in away]
+            self._wait(keys, f"the samples of my chunks {away} generated by other engines")
+            for i, k in zip(away, keys):
+                mine[i] = pickle.loads(self.store.get(k))
+                self.store.delete_key(k)
+        keys = [self.key("totals", e) for e in range(self.num_engines)]
+        self._wait(keys, "every engine's generation totals")
+        totals = [pickle.loads(self.store.get(k)) for k in keys]
+        return mine, {"stolen_groups": sum(t[0] for t in totals), "engine_tokens": [t[1] for t in totals]}
+
+    def _delete_round(self, round_index: int) -> None:
+        """My keys of an old round (its results were deleted when read)."""
+        if round_index < 0 or not self.store.check([self.key("plan", self.me, round_index=round_index)]):
+            return
+        plan = pickle.loads(self.store.get(self.key("plan", self.me, round_index=round_index)))
+        old = [k for i in range(len(plan))
+               if self.store.check([k := self.key("prompts", self.me, i, round_index=round_index)])]
+        old += [self.key(kind, self.me, round_index=round_index) for kind in ("claims", "totals", "plan")]
+        for k in old:
+            self.store.delete_key(k)
