@@ -14,8 +14,8 @@ modules (checked against a running engine's parameters with engine_side.probe, e
 - norms (and Qwen3's `q_norm`/`k_norm`) replicated.
 MoE families (Mixtral, Qwen2-MoE, Qwen3-MoE) have the same attention, norms and embeddings; their MoE block
 (fused experts, router, shared expert) is described in sglang_moe_layout.
-`hf_full_targets` is the fallback for families without such a mapping: every engine rank receives the
-full HF-named tensors and SGLang's own `load_weights` shards them.
+`hf_full_targets` is the fallback for families without such a mapping and for models SGLang's CPU engine
+pads: every engine rank receives the full HF-named tensors and SGLang's own `load_weights` shards them.
 """
 from dataclasses import dataclass
 

@@ -1,8 +1,10 @@
 """The weight-sync plan without processes: assembling every engine rank's tensors from the plan's pieces of
 Megatron shards (built by the HF -> Megatron conversion, as the trainer holds them) gives exactly what
 SGLang's loaders make of the full HF tensors, for TP/PP/VPP/DP training layouts and engine TP 1/2/4
-(KV heads split and replicated, vocabulary padding on both sides); each engine rank receives only its
-slice; replicas share the sending; buckets respect the bound and mix pipeline stages."""
+(KV heads split and replicated, vocabulary padding on both sides), and for the MoE families (fused w13/w2
+experts, router, shared expert) from EP/ETP/expert-DP layouts, each expert from its EP owner; each engine
+rank receives only its slice; replicas share the sending; buckets respect the bound and mix pipeline
+stages."""
 import pytest
 import torch
 

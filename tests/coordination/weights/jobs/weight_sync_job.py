@@ -6,8 +6,9 @@ the weights pushed into the engine by the WeightResharder after each training st
 CASE is a Megatron layout `tp=2`, `pp=2`, `tp=1` (dp 2), `ep=2` (MoE), optionally followed by `+extras` where extras are
 `,`-separated among: counted (load with the counting loader and report bytes per engine rank), hf (also
 sync through the HF-named fallback), nogen (the engine cannot generate, e.g. SGLang's Qwen2-MoE on CPU:
-train on fixed tokens and compare engine parameters only), fault (a rank fails mid-sync), corrupt (an engine parameter is
-overwritten during a sync: verify must name it), kill (kill an engine process mid-sync; last case only).
+train on fixed tokens and compare engine parameters only), fault (a rank fails mid-sync), corrupt (an
+engine parameter is overwritten during a sync: verify must name it), kill (kill an engine process mid-sync;
+last case only).
 After fault/corrupt a good sync follows. For each case rank 0 appends one JSON line to OUT_DIR/results.jsonl
 (and prints it after `RESULT `):
   sync: the SyncStats; engine_vs_megatron: mean |engine log-prob - Megatron log-prob| of the engine's
@@ -204,8 +205,9 @@ def run_case(case, model_dir, out_dir, engine, engine_tp):
                           receiver_bytes={f"{e}/{r}": b for (e, r), b in stats.receiver_bytes.items()},
                           metrics=stats.metrics(), sender_bytes=plan.sender_bytes(), mode=plan.mode,
                           hf_receiver_bytes=plan_weight_sync(  # what the HF-named fallback would stage, for reports
-                              worker.spec, worker.checkpoint.config, worker.layout, placement, bucket_bytes=SMALL_BUCKET,
-                              element_size=4, padded_vocab=worker.chunks[0].vocab_size, mode="hf").receiver_bytes(0, 0))
+                              worker.spec, worker.checkpoint.config, worker.layout, placement,
+                              bucket_bytes=SMALL_BUCKET, element_size=4, padded_vocab=worker.chunks[0].vocab_size,
+                              mode="hf").receiver_bytes(0, 0))
     if rank == 0:
         synced_params = param_checksums(resharder.last_engine_reports)
         if nogen:
