@@ -3,7 +3,8 @@
 sync.method "auto" / "reshard": the layout-aware resharder (distflow.coordination.weights), built at the
 first sync and kept for the run: every rank writes the slices of its own Megatron shards straight into the
 staging buffers of the engine ranks that need them, each engine rank receiving only its own SGLang shards
-(families with a shard layout; "auto" stages full HF-named tensors the same way for the others).
+(families with a shard layout: the dense ones and Mixtral / Qwen2-MoE / Qwen3-MoE; "auto" stages full HF-named
+tensors the same way for the others and for models SGLang's CPU engine pads, sglang_layout.cpu_engine_pads).
 sync.method "full": the simple fallback through Hugging Face-named full tensors: the actor is gathered on
 rank 0, broadcast to every rank and loaded by each engine owner through SGLang's own loader.
 Both record sync/seconds, sync/bytes (bytes loaded into all engines), sync/busiest_rank_bytes (bytes the

@@ -4,6 +4,9 @@ plan_weight_sync (pure, identical on every rank) says, for every tensor every en
 which training rank sends which region of which Megatron shard, in size-bounded buckets; WeightResharder
 executes it (each rank writes its own slices into the engine ranks' shared staging buffers, the engine
 owner loads them with SGLang's load_format="direct"), versions the engine's weights and verifies them.
+Shard layouts (sglang_layout, sglang_moe_layout): the dense families and the MoE ones (Mixtral, Qwen2-MoE,
+Qwen3-MoE: fused w13/w2 expert tensors assembled from the experts' EP owners); the HF-named fallback
+(hf_full_targets) serves the rest.
 
 The trainer's sync node, on every rank (colocated placement):
     engine = start_engine(path, tp=engine_tp, extra_args=engine_side.engine_args())  # engine owners only

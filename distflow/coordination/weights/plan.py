@@ -3,10 +3,12 @@ region of which Megatron shard, grouped into size-bounded buckets. A pure functi
 placement, family spec + HF config), computed identically on every rank and tested without processes.
 
 Two target kinds:
-- "shards" (families in sglang_layout.SHARD_FAMILIES): each engine rank receives its own SGLang parameters,
-  exactly its slice, loaded with SGLang's load_format="direct";
-- "hf" (fallback): each engine receives full HF-named tensors once (all its ranks read the same buffer) and
-  SGLang's own loader shards them.
+- "shards" (families in sglang_layout.SHARD_FAMILIES, dense and MoE): each engine rank receives its own SGLang
+  parameters, exactly its slice, loaded with SGLang's load_format="direct" (MoE: the fused expert tensors
+  w13/w2 of the rank's FFN slice of every expert, assembled from the experts' EP owners);
+- "hf" (fallback: families without a shard layout, models SGLang's CPU engine pads, or mode "hf"): each
+  engine receives full HF-named tensors once (all its ranks read the same buffer) and SGLang's own loader
+  shards them.
 Senders: engine e reads from data-parallel replica e % (dp * cp) of the trained model (routed experts:
 expert-DP replica e % edp, from the expert-parallel rank that owns the expert), so engines are fed by
 different replicas where there are several; a tensor every TP rank holds (norms) is sent by the engine
@@ -144,7 +146,7 @@ def sync_mode(spec, requested: str = "auto", hf_config=None, engine_tp: int = 1,
     """"auto" picks SHARDS for families with an SGLang shard layout, else the HF fallback; also the fallback
     where SGLang's CPU engine pads the model (sglang_layout.cpu_engine_pads)."""
     if requested == "auto":
-        if spec.family not in sglang_layout.SHARD_FAMILIES or spec.moe:
+        if spec.family not in sglang_layout.SHARD_FAMILIES:
             return HF
         if engine_device == "cpu" and hf_config is not None and sglang_layout.cpu_engine_pads(hf_config, engine_tp):
             return HF
@@ -202,7 +204,7 @@ def plan_weight_sync(spec, hf_config, train: ParallelLayout, placement: Placemen
                         stage = part.stage
                         holders = holders_of(part)
                         src = hosts[r] if hosts[r] in holders else min(holders, key=lambda h: (load[h], h))
-                        dst = tuple((d0 + o, n) for (d0, _), o, n in zip(seg.dst, part.offset, part.extent))
+                        dst = _place(seg, part)
                         piece = Piece(src, part.name, part.src, dst)
                         load[src] += piece.numel
                         pieces.append(piece)
@@ -213,6 +215,14 @@ def plan_weight_sync(spec, hf_config, train: ParallelLayout, placement: Placemen
     buckets = _buckets(engines, bucket_bytes, element_size, train.pp) if engines else ()
     return WeightSyncPlan(mode=mode, engine_tp=engine_tp, engines=tuple(engines), owners=owners, buckets=buckets,
                           element_size=element_size)
+
+
+def _place(seg, part) -> tuple:
+    """Where a Megatron part of segment `seg` lands in the target. A destination with more dimensions than
+    the HF source (one expert in a stacked expert tensor) keeps its leading ones as they are."""
+    lead = len(seg.dst) - len(seg.src)
+    assert lead >= 0 and all(n == 1 for _, n in seg.dst[:lead]), f"{seg}: destination does not embed the source"
+    return seg.dst[:lead] + tuple((d0 + o, n) for (d0, _), o, n in zip(seg.dst[lead:], part.offset, part.extent))
 
 
 def _buckets(engines, bucket_bytes: int, element_size: int, stages: int) -> tuple[tuple[str, ...], ...]:

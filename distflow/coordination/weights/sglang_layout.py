@@ -12,8 +12,10 @@ modules (checked against a running engine's parameters with engine_side.probe, e
 - `self_attn.o_proj.weight`, `mlp.down_proj.weight`: columns split;
 - `mlp.gate_up_proj.weight` = cat(the rank's gate rows, the rank's up rows);
 - norms (and Qwen3's `q_norm`/`k_norm`) replicated.
-`hf_full_targets` is the fallback for families without such a mapping: every engine rank receives the
-full HF-named tensors and SGLang's own `load_weights` shards them.
+MoE families (Mixtral, Qwen2-MoE, Qwen3-MoE) have the same attention, norms and embeddings; their MoE block
+(fused experts, router, shared expert) is described in sglang_moe_layout.
+`hf_full_targets` is the fallback for families without such a mapping and for models SGLang's CPU engine
+pads: every engine rank receives the full HF-named tensors and SGLang's own `load_weights` shards them.
 """
 from dataclasses import dataclass
 
@@ -22,8 +24,11 @@ from distflow.models import weight_mapping
 from distflow.models.moe import num_experts
 from distflow.models.spec import as_config_dict
 
-SHARD_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
-"""Families whose SGLang modules are the dense Llama layout above."""
+SHARD_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe")
+"""Families with an SGLang shard layout: the dense Llama layout above, the MoE ones with their MLP replaced
+by sglang_moe_layout's fused experts."""
+SGLANG_PADDED_WIDTHS = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")
+"""Config keys SGLang's CPU engine pads (sglang.srt.configs.update_config: every one the config has)."""
 SGLANG_VOCAB_PADDING = 64  # sglang.srt.layers.vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE
 
 
@@ -88,20 +93,25 @@ def cpu_engine_pads(hf_config, engine_tp: int) -> str | None:
 
     On CPU SGLang pads instead of splitting unevenly (sglang.srt.configs.update_config,
     adjust_config_with_unaligned_cpu_tp): KV heads not divisible by the engine TP are padded with zero heads
-    (no replication), and MLP widths are padded to a multiple of 32 * engine TP, which leaves zero rows
-    inside gate_up_proj. The shard layout above is the GPU one; such models take the HF-named fallback.
+    (no replication), and MLP widths (dense, routed experts', shared expert's: SGLANG_PADDED_WIDTHS) are padded
+    to a multiple of 32 * engine TP, which leaves zero rows inside gate_up_proj / w13_weight. The shard layout
+    above is the GPU one; such models take the HF-named fallback.
     """
-    d = Dims.of(hf_config)
+    cfg = as_config_dict(hf_config)
+    d = Dims.of(cfg)
     if d.heads % engine_tp or d.kv_heads % engine_tp:
         return f"{d.heads} heads / {d.kv_heads} KV heads are padded to a multiple of engine_tp={engine_tp}"
-    if d.ffn % (32 * engine_tp):
-        return f"intermediate_size {d.ffn} is padded to a multiple of 32 * engine_tp={engine_tp}"
+    for key in SGLANG_PADDED_WIDTHS:
+        if cfg.get(key) and cfg[key] % (32 * engine_tp):
+            return f"{key} {cfg[key]} is padded to a multiple of 32 * engine_tp={engine_tp}"
     return None
 
 
 def sglang_shard_targets(spec, hf_config, engine_tp: int, rank: int) -> list[TargetSpec]:
     """Every parameter of engine TP rank `rank` of `engine_tp`, in model order, for a SHARD_FAMILIES model."""
-    assert spec.family in SHARD_FAMILIES and not spec.moe, (
+    from distflow.coordination.weights import sglang_moe_layout  # here: it builds on this module's helpers
+
+    assert spec.family in SHARD_FAMILIES, (
         f"{spec.family}: no SGLang shard layout; use the HF-named fallback (hf_full_targets)")
     d = Dims.of(hf_config)
     if d.heads % engine_tp or (d.kv_heads % engine_tp and engine_tp % d.kv_heads):
@@ -110,7 +120,6 @@ def sglang_shard_targets(spec, hf_config, engine_tp: int, rank: int) -> list[Tar
     heads = d.heads // engine_tp
     kv = max(1, d.kv_heads // engine_tp)
     kv_first = rank // max(1, engine_tp // d.kv_heads) * kv
-    ffn = d.ffn // engine_tp
     q_rows, kv_rows = heads * d.head_dim, kv * d.head_dim
 
     def vocab_rows(name):
@@ -119,24 +128,6 @@ def sglang_shard_targets(spec, hf_config, engine_tp: int, rank: int) -> list[Tar
         real = max(0, min(per, d.vocab - first))
         segments = (Segment(name, ((first, real), (0, d.hidden)), ((0, real), (0, d.hidden))),) if real else ()
         return TargetSpec(name, (per, d.hidden), segments)
-
-    def rows(name, shape, parts):
-        """Target = cat over `parts` of (hf name, first row, row count) along dim 0."""
-        segments, at = [], 0
-        for hf, first, count in parts:
-            rest = tuple((0, n) for n in shape[1:])
-            segments.append(Segment(hf, ((first, count),) + rest, ((at, count),) + rest))
-            at += count
-        assert at == shape[0], f"{name}: rows {at} != {shape[0]}"
-        return TargetSpec(name, shape, tuple(segments))
-
-    def columns(name, hf, rows_, first, count):
-        return TargetSpec(name, (rows_, count), (Segment(hf, ((0, rows_), (first, count)),
-                                                         ((0, rows_), (0, count))),))
-
-    def full(name, shape):
-        region = full_region(shape)
-        return TargetSpec(name, shape, (Segment(name, region, region),))
 
     out = [vocab_rows("model.embed_tokens.weight")]
     for layer in range(d.layers):
@@ -154,14 +145,48 @@ def sglang_shard_targets(spec, hf_config, engine_tp: int, rank: int) -> list[Tar
             out += [full(a + "q_norm.weight", (d.head_dim,)), full(a + "k_norm.weight", (d.head_dim,))]
         out.append(columns(a + "o_proj.weight", a + "o_proj.weight", d.hidden, rank * q_rows, q_rows))
         out.append(full(p + "post_attention_layernorm.weight", (d.hidden,)))
-        m = p + "mlp."
-        out.append(rows(m + "gate_up_proj.weight", (2 * ffn, d.hidden),
-                        [(m + "gate_proj.weight", rank * ffn, ffn), (m + "up_proj.weight", rank * ffn, ffn)]))
-        out.append(columns(m + "down_proj.weight", m + "down_proj.weight", d.hidden, rank * ffn, ffn))
+        if spec.moe:
+            out += sglang_moe_layout.moe_block_targets(spec, hf_config, engine_tp, rank, layer)
+        else:
+            out += gated_mlp_targets(p + "mlp.", p + "mlp.", d.ffn, d.hidden, engine_tp, rank)
     out.append(full("model.norm.weight", (d.hidden,)))
     if not d.tied:
         out.append(vocab_rows("lm_head.weight"))
     return out
+
+
+def gated_mlp_targets(sglang_prefix: str, hf_prefix: str, ffn: int, hidden: int, engine_tp: int,
+                      rank: int) -> list[TargetSpec]:
+    """SGLang's tensor-parallel gated MLP (a dense MLP, Qwen2-MoE's shared expert): `gate_up_proj.weight` =
+    cat(the rank's gate rows, the rank's up rows), `down_proj.weight` = the rank's columns."""
+    if ffn % engine_tp:
+        raise ValueError(f"{hf_prefix}: FFN width {ffn} does not split over engine_tp={engine_tp}")
+    f = ffn // engine_tp
+    return [rows(sglang_prefix + "gate_up_proj.weight", (2 * f, hidden),
+                 [(hf_prefix + "gate_proj.weight", rank * f, f), (hf_prefix + "up_proj.weight", rank * f, f)]),
+            columns(sglang_prefix + "down_proj.weight", hf_prefix + "down_proj.weight", hidden, rank * f, f)]
+
+
+def rows(name: str, shape: tuple[int, ...], parts) -> TargetSpec:
+    """Target = cat over `parts` of (hf name, first row, row count) along dim 0 (other dims whole)."""
+    segments, at = [], 0
+    for hf, first, count in parts:
+        rest = tuple((0, n) for n in shape[1:])
+        segments.append(Segment(hf, ((first, count),) + rest, ((at, count),) + rest))
+        at += count
+    assert at == shape[0], f"{name}: rows {at} != {shape[0]}"
+    return TargetSpec(name, shape, tuple(segments))
+
+
+def columns(name: str, hf: str, rows_: int, first: int, count: int) -> TargetSpec:
+    """Target = columns first .. first+count of the 2-D HF tensor `hf`."""
+    return TargetSpec(name, (rows_, count), (Segment(hf, ((0, rows_), (first, count)), ((0, rows_), (0, count))),))
+
+
+def full(name: str, shape: tuple[int, ...], hf: str | None = None) -> TargetSpec:
+    """Target = the whole HF tensor `hf` (default: the same name), replicated on every engine rank."""
+    region = full_region(shape)
+    return TargetSpec(name, shape, (Segment(hf or name, region, region),))
 
 
 def hf_full_targets(spec, hf_config, hf_shapes: dict[str, tuple] | None = None) -> list[TargetSpec]:

@@ -1,8 +1,10 @@
 """The weight-sync plan without processes: assembling every engine rank's tensors from the plan's pieces of
 Megatron shards (built by the HF -> Megatron conversion, as the trainer holds them) gives exactly what
 SGLang's loaders make of the full HF tensors, for TP/PP/VPP/DP training layouts and engine TP 1/2/4
-(KV heads split and replicated, vocabulary padding on both sides); each engine rank receives only its
-slice; replicas share the sending; buckets respect the bound and mix pipeline stages."""
+(KV heads split and replicated, vocabulary padding on both sides), and for the MoE families (fused w13/w2
+experts, router, shared expert) from EP/ETP/expert-DP layouts, each expert from its EP owner; each engine
+rank receives only its slice; replicas share the sending; buckets respect the bound and mix pipeline
+stages."""
 import pytest
 import torch
 
@@ -17,6 +19,9 @@ from distflow.models.registry import SPECS
 QWEN2 = SPECS["Qwen2ForCausalLM"]
 LLAMA = SPECS["LlamaForCausalLM"]
 QWEN3 = SPECS["Qwen3ForCausalLM"]
+MIXTRAL = SPECS["MixtralForCausalLM"]
+QWEN2_MOE = SPECS["Qwen2MoeForCausalLM"]
+QWEN3_MOE = SPECS["Qwen3MoeForCausalLM"]
 
 
 def config(arch, *, layers=4, hidden=32, heads=4, kv=2, ffn=48, vocab=300, tied=False, head_dim=None):
@@ -98,12 +103,35 @@ def sglang_reference(spec, cfg, hf, tp, r):
         if spec.qk_layernorm:
             out[a + "q_norm.weight"], out[a + "k_norm.weight"] = hf[a + "q_norm.weight"], hf[a + "k_norm.weight"]
         out[a + "o_proj.weight"] = hf[a + "o_proj.weight"].chunk(tp, dim=1)[r]
+        if spec.moe:
+            out.update(sglang_moe_reference(spec, cfg, hf, tp, r, i))
+            continue
         out[m + "gate_up_proj.weight"] = torch.cat([hf[m + "gate_proj.weight"].chunk(tp)[r],
                                                     hf[m + "up_proj.weight"].chunk(tp)[r]])
         out[m + "down_proj.weight"] = hf[m + "down_proj.weight"].chunk(tp, dim=1)[r]
     out["model.norm.weight"] = hf["model.norm.weight"]
     if not d.tied:
         out["lm_head.weight"] = vocab(hf["lm_head.weight"])
+    return out
+
+
+def sglang_moe_reference(spec, cfg, hf, tp, r, layer):
+    """SGLang's FusedMoE loading (weight_loader w1/w3 -> w13 halves, w2 columns) of one layer's MoE block."""
+    b = f"model.layers.{layer}.{spec.hf_moe_block}."
+    gate, up, down = spec.hf_expert_projections
+    experts = range(cfg["num_experts"])
+    out = {b + "gate.weight": hf[b + "gate.weight"],
+           b + "experts.w13_weight": torch.stack([torch.cat([hf[f"{b}experts.{e}.{gate}.weight"].chunk(tp)[r],
+                                                             hf[f"{b}experts.{e}.{up}.weight"].chunk(tp)[r]])
+                                                  for e in experts]),
+           b + "experts.w2_weight": torch.stack([hf[f"{b}experts.{e}.{down}.weight"].chunk(tp, dim=1)[r]
+                                                 for e in experts])}
+    if spec.shared_expert:
+        s = b + "shared_expert."
+        out[s + "gate_up_proj.weight"] = torch.cat([hf[s + "gate_proj.weight"].chunk(tp)[r],
+                                                    hf[s + "up_proj.weight"].chunk(tp)[r]])
+        out[s + "down_proj.weight"] = hf[s + "down_proj.weight"].chunk(tp, dim=1)[r]
+        out[b + "shared_expert_gate.weight"] = hf[b + "shared_expert_gate.weight"]
     return out
 
 
@@ -118,6 +146,16 @@ CASES = [  # (spec, config kwargs, train layout kwargs, world, engine_tp)
     (LLAMA, dict(vocab=512), dict(tp=4), 4, 1),
     (QWEN3, dict(head_dim=16), dict(tp=2), 2, 2),  # q/k norms, head_dim != hidden / heads
     (QWEN2, dict(tied=True, layers=2), dict(tp=1), 4, 2),  # dp 4, two engines
+]
+MOE_CASES = [  # (spec, moe config kwargs, train layout kwargs, world, engine_tp)
+    (MIXTRAL, dict(), dict(ep=2), 2, 1),  # experts from their EP owners into one engine rank
+    (MIXTRAL, dict(), dict(ep=2), 2, 2),
+    (MIXTRAL, dict(experts=8), dict(tp=2, ep=2, etp=1), 4, 2),  # dense TP 2, experts whole (ETP 1)
+    (QWEN3_MOE, dict(head_dim=16), dict(tp=2, ep=2), 4, 2),  # experts split over ETP 2
+    (QWEN3_MOE, dict(head_dim=16), dict(tp=1), 2, 2),  # dp 2: every rank holds every expert
+    (QWEN2_MOE, dict(shared=True), dict(tp=2, pp=2, ep=2), 8, 2),  # + shared expert
+    (QWEN2_MOE, dict(shared=True), dict(ep=2), 4, 2),  # expert-DP 2: two engines, two replicas
+    (QWEN2_MOE, dict(shared=True, kv=4), dict(ep=2), 4, 4),  # an expert's FFN over 4 engine ranks
 ]
 
 
@@ -139,6 +177,43 @@ def test_assembled_shards_equal_sglang_loading(spec, cfg_kw, train_kw, world, en
                 assert torch.equal(got[name], want[name]), (e, r, name)
             # each engine rank receives exactly its slice: the bytes of its own parameters, nothing more
             assert plan.receiver_bytes(e, r) == 4 * sum(t.numel() for t in want.values())
+
+
+@pytest.mark.parametrize("spec,cfg_kw,train_kw,world,engine_tp", MOE_CASES)
+def test_moe_shards_equal_sglang_fused_expert_loading(spec, cfg_kw, train_kw, world, engine_tp):
+    """Every engine parameter (fused w13/w2, router, shared expert, attention) is covered exactly once,
+    equals SGLang's own loading of the HF tensors, and each routed expert comes from its EP owner."""
+    cfg = moe_config(spec.hf_architecture, **cfg_kw)
+    train = ParallelLayout.for_world(world, **train_kw)
+    placement = Placement.create("colocated", world, engine_tp)
+    hf = hf_state(spec, cfg)
+    shards = megatron_shards(spec, cfg, hf, train)
+    plan = wplan.plan_weight_sync(spec, cfg, train, placement, bucket_bytes=4096, element_size=4)
+    assert plan.mode == wplan.SHARDS
+    per_ep = cfg["num_experts"] // train.ep
+    for e in range(placement.num_engines):
+        for r in range(engine_tp):
+            targets = plan.engines[e][r].targets
+            for t in targets:  # exactly once: the pieces tile the target without overlap
+                hits = torch.zeros(t.shape, dtype=torch.int32)
+                for p in t.pieces:
+                    narrow(hits, p.dst).add_(1)
+                assert int(hits.max()) <= 1 and (bool((hits == 1).all()) or t.padding_rows), t.name
+            got = assemble(plan, e, r, shards)
+            want = sglang_reference(spec, cfg, hf, engine_tp, r)
+            assert sorted(got) == sorted(want)
+            for name in want:
+                assert torch.equal(got[name], want[name]), (e, r, name)
+            assert plan.receiver_bytes(e, r) == 4 * sum(t.numel() for t in want.values())
+            for t in targets:
+                for p in t.pieces:
+                    if ".local_experts." in p.src_name:
+                        expert = int(p.src_name.split(".local_experts.")[1].split(".")[0])
+                        in_stage = placement.train_ranks.index(p.src_rank) % (train.world_size // train.pp)
+                        assert in_stage // train.etp % train.ep == expert // per_ep, (p.src_rank, p.src_name)
+    fallback = wplan.plan_weight_sync(spec, cfg, train, placement, bucket_bytes=4096, element_size=4, mode="hf")
+    if engine_tp > 1:  # each rank receives its slice, not the full model
+        assert plan.receiver_bytes(0, 0) < fallback.receiver_bytes(0, 0)
 
 
 @pytest.mark.parametrize("arch,cfg_kw,train_kw,world", [
@@ -225,6 +300,14 @@ def test_cpu_engines_that_pad_take_the_hf_fallback():
     assert wplan.sync_mode(LLAMA, "auto", ffn48, engine_tp=1, engine_device="cpu") == wplan.HF
     ffn64 = config("LlamaForCausalLM", ffn=64)
     assert wplan.sync_mode(LLAMA, "auto", ffn64, engine_tp=2, engine_device="cpu") == wplan.SHARDS
+    # MoE: the experts' and the shared expert's widths are padded too
+    moe = moe_config("Qwen2MoeForCausalLM", ffn=64, shared=True)  # moe_intermediate_size 24, shared 40
+    assert "moe_intermediate_size 24" in wplan.sglang_layout.cpu_engine_pads(moe, 1)
+    assert wplan.sync_mode(QWEN2_MOE, "auto", moe, engine_tp=1, engine_device="cpu") == wplan.HF
+    moe.update(moe_intermediate_size=64)
+    assert "shared_expert_intermediate_size 40" in wplan.sglang_layout.cpu_engine_pads(moe, 2)
+    moe.update(shared_expert_intermediate_size=128)
+    assert wplan.sync_mode(QWEN2_MOE, "auto", moe, engine_tp=2, engine_device="cpu") == wplan.SHARDS
 
 
 def test_unsupported_layouts_fail_clearly():
@@ -232,6 +315,8 @@ def test_unsupported_layouts_fail_clearly():
     with pytest.raises(ValueError, match="engine_tp=3"):
         wplan.plan_weight_sync(spec, cfg, ParallelLayout.for_world(3), Placement.create("colocated", 3, 3),
                                bucket_bytes=1024)
-    with pytest.raises(ValueError, match="mode 'hf'"):
-        wplan.sync_mode(SPECS["MixtralForCausalLM"], "shards")
-    assert wplan.sync_mode(SPECS["MixtralForCausalLM"]) == wplan.HF
+    assert wplan.sync_mode(MIXTRAL) == wplan.SHARDS
+    assert wplan.sync_mode(MIXTRAL, "hf") == wplan.HF
+    with pytest.raises(ValueError, match="intermediate_size=50 does not split over engine_tp=4"):
+        wplan.plan_weight_sync(MIXTRAL, moe_config("MixtralForCausalLM", kv=4, ffn=50), ParallelLayout.for_world(4),
+                               Placement.create("colocated", 4, 4), bucket_bytes=1024)

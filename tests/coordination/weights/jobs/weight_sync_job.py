@@ -5,13 +5,17 @@ the weights pushed into the engine by the WeightResharder after each training st
 
 CASE is a Megatron layout `tp=2`, `pp=2`, `tp=1` (dp 2), `ep=2` (MoE), optionally followed by `+extras` where extras are
 `,`-separated among: counted (load with the counting loader and report bytes per engine rank), hf (also
-sync through the HF-named fallback), fault (a rank fails mid-sync), corrupt (an engine parameter is
-overwritten during a sync: verify must name it), kill (kill an engine process mid-sync; last case only).
+sync through the HF-named fallback), nogen (the engine cannot generate, e.g. SGLang's Qwen2-MoE on CPU:
+train on fixed tokens and compare engine parameters only), fault (a rank fails mid-sync), corrupt (an
+engine parameter is overwritten during a sync: verify must name it), kill (kill an engine process mid-sync;
+last case only).
 After fault/corrupt a good sync follows. For each case rank 0 appends one JSON line to OUT_DIR/results.jsonl
 (and prints it after `RESULT `):
   sync: the SyncStats; engine_vs_megatron: mean |engine log-prob - Megatron log-prob| of the engine's
   greedy tokens; disk_equal: the engine's greedy tokens and log-probs after update_weights_from_disk of the
-  exported HF checkpoint equal those after the sync; plus what the extras measured.
+  exported HF checkpoint equal those after the sync; disk_params_equal (hf_params_equal): every engine
+  parameter's checksum after that load (after the HF-named fallback sync) equals its checksum after the
+  sync; plus what the extras measured.
 With ENGINE_TP 1 the engine is one rank's (rank 0); with 2 it spans both ranks.
 """
 import json
@@ -26,6 +30,7 @@ import torch.distributed as dist
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 30, 40, 50]]
 NEW_TOKENS = 8
 SMALL_BUCKET = 16384  # bytes: many buckets, so faults land mid-sync
+FIXED_TOKENS = [3, 4, 5, 6]  # `nogen`: the continuation trained on (the engine cannot generate)
 
 
 def main():
@@ -126,7 +131,7 @@ def run_case(case, model_dir, out_dir, engine, engine_tp):
     from distflow.coordination.weights import (StaleEngineError, WeightResharder, WeightSyncError, engine_side,
                                                megatron_tensors, plan_weight_sync)
     from distflow.workers.megatron.hf_io import save_hf_checkpoint
-    from distflow.workers.rollout import update_weights_from_disk
+    from distflow.workers.rollout import state_of, update_weights_from_disk
 
     layout_text, _, extras_text = case.partition("+")
     sizes = dict(tp=1, pp=1, ep=1)
@@ -138,8 +143,10 @@ def run_case(case, model_dir, out_dir, engine, engine_tp):
     result = {"case": case}
 
     # Train one step on the engine's own greedy continuations, so the weights differ from the checkpoint's.
-    before_training = greedy(engine)[1] if rank == 0 else None
-    sequences = broadcast([p + s[0] for p, s in zip(PROMPTS, before_training)] if rank == 0 else None)
+    nogen = "nogen" in extras
+    before_training = greedy(engine)[1] if rank == 0 and not nogen else None
+    sequences = ([p + FIXED_TOKENS for p in PROMPTS] if nogen else
+                 broadcast([p + s[0] for p, s in zip(PROMPTS, before_training)] if rank == 0 else None))
     batch = batch_of(sequences, [len(p) for p in PROMPTS])
     worker.train_step(batch, likelihood_loss)
     local = megatron_tensors(worker.chunks, worker.config)
@@ -149,6 +156,7 @@ def run_case(case, model_dir, out_dir, engine, engine_tp):
                             engine_device="cpu")
     load_format = engine_side.LOAD_COUNTED if "counted" in extras else "direct"
     resharder = WeightResharder(plan, local, engine=engine, verify=True, load_format=load_format)
+    before_params = param_checksums(resharder.probe_engine(checksums=True)) if rank == 0 and nogen else None
 
     if "fault" in extras:  # rank 1 fails in bucket 2: every rank raises, the engine is stale, Megatron untouched
         before = local_digest(local)
@@ -195,33 +203,48 @@ def run_case(case, model_dir, out_dir, engine, engine_tp):
     result["sync"] = dict(version=stats.version, seconds=stats.seconds, total_bytes=stats.total_bytes,
                           busiest_sender_bytes=stats.busiest_sender_bytes, buckets=stats.buckets,
                           receiver_bytes={f"{e}/{r}": b for (e, r), b in stats.receiver_bytes.items()},
-                          metrics=stats.metrics(), sender_bytes=plan.sender_bytes(), mode=plan.mode)
+                          metrics=stats.metrics(), sender_bytes=plan.sender_bytes(), mode=plan.mode,
+                          hf_receiver_bytes=plan_weight_sync(  # what the HF-named fallback would stage, for reports
+                              worker.spec, worker.checkpoint.config, worker.layout, placement,
+                              bucket_bytes=SMALL_BUCKET, element_size=4, padded_vocab=worker.chunks[0].vocab_size,
+                              mode="hf").receiver_bytes(0, 0))
     if rank == 0:
-        result["version"], synced = greedy(engine)
-        result["changed_by_training"] = synced != before_training
+        synced_params = param_checksums(resharder.last_engine_reports)
+        if nogen:
+            result["version"], synced = state_of(engine).version, None
+            result["changed_by_training"] = synced_params != before_params
+        else:
+            result["version"], synced = greedy(engine)
+            result["changed_by_training"] = synced != before_training
         if "counted" in extras:
             reports = resharder.last_engine_reports
             result["counted"] = [dict(received=rep["received_bytes"], tensors=rep["received_tensors"],
                                       params=sum(_numel(p["shape"]) * 4 for p in rep["params"].values()),
                                       errors=rep["errors"]) for rep in reports]
-    tokens = broadcast([s[0] for s in synced] if rank == 0 else None)
-    megatron_lp, _ = worker.compute_logprobs(batch_of([p + t for p, t in zip(PROMPTS, tokens)],
-                                                      [len(p) for p in PROMPTS]))
+    if not nogen:
+        tokens = broadcast([s[0] for s in synced] if rank == 0 else None)
+        megatron_lp, _ = worker.compute_logprobs(batch_of([p + t for p, t in zip(PROMPTS, tokens)],
+                                                          [len(p) for p in PROMPTS]))
     if "hf" in extras:  # the fallback through HF names and SGLang's own loader, same weights
-        WeightResharder.for_megatron_worker(worker, placement, SyncConfig(bucket_mb=1, verify=True), engine=engine,
-                                            mode="hf").sync()
+        fallback = WeightResharder.for_megatron_worker(worker, placement, SyncConfig(bucket_mb=1, verify=True),
+                                                       engine=engine, mode="hf")
+        fallback.sync()
         if rank == 0:
-            result["hf_equal"] = greedy(engine)[1] == synced
+            result["hf_params_equal"] = param_checksums(fallback.last_engine_reports) == synced_params
+            if not nogen:
+                result["hf_equal"] = greedy(engine)[1] == synced
     exported = worker.export_hf_state()
     if rank == 0:
-        diffs = [abs(lp - megatron_lp[i, len(p) + j].item())
-                 for i, (p, (_, lps)) in enumerate(zip(PROMPTS, synced)) for j, lp in enumerate(lps)]
-        result["engine_vs_megatron"] = sum(diffs) / len(diffs)
         path = os.path.join(out_dir, f"export-{case.replace('=', '').replace(',', '_').replace('+', '_')}")
         save_hf_checkpoint(exported, model_dir, path)
         update_weights_from_disk(engine, path)
-        result["disk_equal"] = greedy(engine)[1] == synced
-        result["greedy"] = synced
+        result["disk_params_equal"] = param_checksums(resharder.probe_engine(checksums=True)) == synced_params
+        if not nogen:
+            diffs = [abs(lp - megatron_lp[i, len(p) + j].item())
+                     for i, (p, (_, lps)) in enumerate(zip(PROMPTS, synced)) for j, lp in enumerate(lps)]
+            result["engine_vs_megatron"] = sum(diffs) / len(diffs)
+            result["disk_equal"] = greedy(engine)[1] == synced
+            result["greedy"] = synced
     dist.barrier()
     return result
 
@@ -259,6 +282,11 @@ def run_kill(resharder, engine, local, result):
             result["stale_refused"] = str(exc)
     dist.barrier()
     return result
+
+
+def param_checksums(reports) -> list[dict]:
+    """Per engine rank: parameter name -> checksum (from engine_side.probe reports with checksums)."""
+    return [{n: p["checksum"] for n, p in rep["params"].items()} for rep in reports]
 
 
 def dist_all(flag: bool) -> list[bool]:
