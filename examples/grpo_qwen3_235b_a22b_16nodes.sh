@@ -2,9 +2,9 @@
 # GRPO on Qwen3-235B-A22B (MoE: 128 experts, top-8, 94 layers), 16 nodes x 8 GPUs, colocated. Training:
 # Megatron PP 2 (47 layers per stage) x TP 4 x DP 16 for attention and embeddings; within each pipeline
 # stage the experts are expert-parallel over EP 64 (2 whole experts per GPU, ETP 1), expert-DP 1.
-# Rollout: 8 SGLang engines of TP 16, each spanning two nodes (235 B bf16 weights = 29 GiB per GPU).
-# Multi-node engines are not started by DistFlow's rollout worker yet; on 141 GB GPUs (H200) one node per
-# engine fits: GPU_MEMORY_GB=141 ... rollout.engine_tp=8 (check with DRY_RUN=1).
+# Rollout: 8 SGLang engines of TP 16, each spanning two nodes (235 B bf16 weights = 29 GiB per GPU;
+# rollout.engine_nnodes=2: SGLang's multi-node engine, both halves started by the trainer ranks). On 141 GB
+# GPUs (H200) one node per engine fits: GPU_MEMORY_GB=141 ... rollout.engine_tp=8 rollout.engine_nnodes=1.
 #
 #   NNODES=16 NODE_RANK=<0..15> MASTER_ADDR=<node 0> MODEL_PATH=/models/Qwen3-235B-A22B \
 #       bash examples/grpo_qwen3_235b_a22b_16nodes.sh [section.key=value ...]   # on every node
@@ -51,6 +51,7 @@ ACTOR_ARGS=(
 ROLLOUT_ARGS=(
     rollout.placement=colocated
     rollout.engine_tp=16                         # 8 engines; each spans two nodes (multi-node SGLang engine)
+    rollout.engine_nnodes=2                      # 8 of each engine's ranks on each of its two nodes
     rollout.n=8
     rollout.max_new_tokens=8192
     rollout.mem_fraction_static=0.85

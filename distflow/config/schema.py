@@ -118,6 +118,10 @@ class RolloutConfig:
         "on the batch, as on CPU).")
     balance_timeout_s: float = option(
         3600.0, "Longest wait for other engines' chunk plans, stolen chunks' samples and totals in a step.")
+    engine_nnodes: int = option(
+        1, "Nodes one engine spans (engine_tp larger than a node's GPUs): engine_tp / engine_nnodes of its ranks "
+        "on each node. The engine's first rank on every node starts SGLang's processes for that node (SGLang's "
+        "nnodes/node_rank, rendezvous at the engine owner's address); the owner (first node) serves requests.")
 
 
 @dataclass

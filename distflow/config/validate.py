@@ -28,7 +28,9 @@ _MEGATRON_OPTIMIZER_OWNED = {
 }
 _SGLANG_OWNED = {"model_path": "model.path", "tokenizer_path": "model.tokenizer_path", "tp_size": "rollout.engine_tp",
                  "dtype": "model.dtype", "mem_fraction_static": "rollout.mem_fraction_static",
-                 "random_seed": "trainer.seed", "dp_size": "rollout.num_ranks / rollout.engine_tp"}
+                 "random_seed": "trainer.seed", "dp_size": "rollout.num_ranks / rollout.engine_tp",
+                 "nnodes": "rollout.engine_nnodes", "node_rank": "rollout.engine_nnodes",
+                 "dist_init_addr": "rollout.engine_nnodes"}
 TRACKING_BACKENDS = ("console", "jsonl", "wandb", "tensorboard")
 
 
@@ -47,6 +49,9 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
     _positive("rollout.balance_chunk_prompts", r.balance_chunk_prompts)
     _positive("rollout.balance_outstanding_tokens", r.balance_outstanding_tokens)
     _positive("rollout.balance_timeout_s", r.balance_timeout_s)
+    if r.engine_nnodes < 1 or r.engine_tp % r.engine_nnodes:
+        raise ConfigError(f"rollout.engine_nnodes={r.engine_nnodes} must be >= 1 and divide rollout.engine_tp="
+                          f"{r.engine_tp} (each node holds engine_tp / engine_nnodes of an engine's ranks)")
     _positive("rollout.max_new_tokens", r.max_new_tokens)
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")

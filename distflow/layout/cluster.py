@@ -24,7 +24,7 @@ class ClusterLayout:
     @classmethod
     def from_config(cls, cfg: DistFlowConfig, world_size: int, shape: Optional[ModelShape]) -> "ClusterLayout":
         r = cfg.rollout
-        placement = Placement.create(r.placement, world_size, r.engine_tp, r.num_ranks)
+        placement = Placement.create(r.placement, world_size, r.engine_tp, r.num_ranks, r.engine_nnodes)
         n_train = len(placement.train_ranks)
         layouts = {}
         for role, enabled in (("actor", True), ("ref", cfg.ref.enable and needs_reference(cfg)),

@@ -190,8 +190,15 @@ def _check(plan: Plan, colocated: bool, runnable_pipelines) -> None:
     n.extend(d.notes)
     p = plan.cluster.placement
     if p.engine_tp > plan.gpus_per_node:
-        n.append(f"an engine spans {p.engine_tp // plan.gpus_per_node} nodes (engine TP {p.engine_tp} > "
-                 f"{plan.gpus_per_node} GPUs per node): a multi-node SGLang engine, its TP traffic crosses nodes")
+        spans = -(-p.engine_tp // plan.gpus_per_node)
+        n.append(f"an engine spans {spans} nodes (engine TP {p.engine_tp} > {plan.gpus_per_node} GPUs per "
+                 "node): a multi-node SGLang engine, its TP traffic crosses nodes")
+        if p.engine_nnodes != spans:
+            w.append(f"rollout.engine_nnodes={p.engine_nnodes} but each engine spans {spans} nodes of "
+                     f"{plan.gpus_per_node} GPUs: set rollout.engine_nnodes={spans}")
+    elif p.engine_nnodes > 1:
+        w.append(f"rollout.engine_nnodes={p.engine_nnodes} splits engines of TP {p.engine_tp} that fit one node "
+                 f"of {plan.gpus_per_node} GPUs: set rollout.engine_nnodes=1")
     for m in plan.roles.values():
         if m.layout.tp > plan.gpus_per_node:
             n.append(f"{m.role}.tp={m.layout.tp} spans nodes ({plan.gpus_per_node} GPUs per node): TP traffic "

@@ -85,6 +85,10 @@ def test_sglang_passthrough_is_checked_against_server_args():
         resolve(None, ["rollout.sglang.chunked_prefil_size=512"])
     with pytest.raises(ConfigError, match=r"set by DistFlow from rollout\.engine_tp"):
         resolve(None, ["rollout.sglang.tp_size=2"])
+    with pytest.raises(ConfigError, match=r"set by DistFlow from rollout\.engine_nnodes"):
+        resolve(None, ["rollout.sglang.node_rank=1"])
+    with pytest.raises(ConfigError, match=r"engine_nnodes=3 must be >= 1 and divide rollout.engine_tp=4"):
+        resolve(None, ["rollout.engine_tp=4", "rollout.engine_nnodes=3"])
 
 
 def test_every_field_is_documented():

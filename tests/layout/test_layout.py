@@ -71,9 +71,21 @@ def test_colocated_and_disaggregated_placement():
     assert dis.engine_of(1) is None and dis.engine_of(7) == 1
 
 
+def test_multi_node_engines_start_one_sglang_process_per_node():
+    # 32 ranks, 8 per node; engines of TP 16 over 2 nodes: ranks 0 and 8 start engine 0's two halves.
+    p = Placement.create("colocated", 32, engine_tp=16, engine_nnodes=2)
+    assert p.num_engines == 2 and p.engine_ranks(1) == tuple(range(16, 32))
+    assert [r for r in range(32) if p.engine_node_rank(r) is not None] == [0, 8, 16, 24]
+    assert [p.engine_node_rank(r) for r in (0, 8, 16, 24)] == [0, 1, 0, 1]
+    assert p.owns_engine(0) and not p.owns_engine(8) and p.engine_node_rank(9) is None
+    single = Placement.create("disaggregated", 4, engine_tp=2, num_rollout_ranks=2)
+    assert [single.engine_node_rank(r) for r in range(4)] == [None, None, 0, None]
+
+
 @pytest.mark.parametrize("args, message", [
     (("colocated", 6, 4, 0), r"engine_tp=4 does not divide the 6 rollout ranks"),
     (("disaggregated", 4, 1, 4), r"num_ranks=4 must leave training ranks"),
+    (("colocated", 8, 4, 0, 3), r"engine_nnodes=3 must divide rollout.engine_tp=4"),
 ])
 def test_placement_errors(args, message):
     with pytest.raises(LayoutError, match=message):

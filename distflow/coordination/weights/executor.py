@@ -115,6 +115,7 @@ class WeightResharder:
         self._check_local_tensors()
         self.transport = GroupTransport(plan, self.rank, transport, self._device(), timeout_s)
         self._outgoing: dict[int, list[torch.Tensor]] = {}  # host -> this bucket's pieces for the group
+        self._bucket_handles: dict = {}  # (engine, engine rank) -> this bucket's handles from its host
 
     @classmethod
     def for_megatron_worker(cls, worker, placement, sync_cfg, *, engine=None, engine_dtype: str = "float32",
@@ -169,9 +170,12 @@ class WeightResharder:
             for b in range(len(self.plan.buckets)):
                 error, shares, n = self._safe(self._write_bucket, b) if pending is None else (pending, None, 0)
                 sent += n or 0
-                for _, status in self._exchange(error, shares):
+                handles = self._safe(self._serialize_hosted, b)[1] if error is None else None
+                self._bucket_handles = {}
+                for _, (status, hosted) in self._exchange(error, (shares, handles)):
                     for key, value in (status or {}).items():
                         expected.setdefault(key, []).append(value)
+                    self._bucket_handles.update(hosted or {})
                 if self.transport.uses_group(b):  # every rank packed its pieces: now they travel
                     error, shares = self._safe(self._transfer_bucket, b)[:2]
                     for _, status in self._exchange(error, shares):
@@ -242,8 +246,6 @@ class WeightResharder:
         needed = {(e, r) for items in self._writes.values() for e, r, *_ in items
                   if not self.transport.via_group(self.rank, self.plan.engines[e][r].host)}
         needed |= {(e, r) for items in self._zero_fills.values() for e, r, *_ in items}
-        if self.engine_index is not None:
-            needed |= {(self.engine_index, rp.rank) for rp in self.plan.engines[self.engine_index]}
         here = socket.gethostname()
         for rank, (_, (host, handles)) in enumerate(gathered):
             for (e, r, slot), handle in handles.items():
@@ -252,9 +254,7 @@ class WeightResharder:
                 if host != here:
                     raise ValueError(
                         f"engine {e} rank {r} is staged on rank {rank} ({host}), another node than rank {self.rank} "
-                        f"({here}): shared memory cannot reach it; use sync.transport=auto or process_group"
-                        + (" (an engine whose ranks span nodes is loaded by its owner from every rank's staging "
-                           "buffer: keep each engine within one node)" if self.engine_index == e else ""))
+                        f"({here}): shared memory cannot reach it; use sync.transport=auto or process_group")
                 self._staging[(e, r, slot)] = MultiprocessingSerializer.deserialize(handle)
 
     def _begin(self, version: int):
@@ -297,21 +297,46 @@ class WeightResharder:
         self._outgoing = {}
         return shares
 
+    def _serialize_hosted(self, b: int) -> dict:
+        """(engine, engine rank) -> a handle per tensor of bucket b, for the engine ranks this rank hosts and
+        does not own: their owner hands SGLang handles made where the memory lives, so the engine rank's
+        scheduler (on this node) can open them even when the owner runs on another node."""
+        from sglang.srt.utils import MultiprocessingSerializer
+
+        if self.plan.shared:
+            return {}
+        out = {}
+        for e, ranks in enumerate(self.plan.engines):
+            for rp in ranks:
+                if rp.host == self.rank and self.plan.owners[e] != self.rank:
+                    out[(e, rp.rank)] = [MultiprocessingSerializer.serialize(v) for v in self._views(b, e, rp)]
+        return out
+
+    def _views(self, b: int, e: int, rp) -> list[torch.Tensor]:
+        """Bucket b's tensors in engine rank rp's staging buffer, in bucket order."""
+        views, offset = [], 0
+        for name in self.plan.buckets[b]:
+            target = rp.by_name[name]
+            views.append(self._staging[(e, rp.rank, b % 2)][offset:offset + target.numel].view(target.shape))
+            offset += target.numel
+        return views
+
     def _load_bucket(self, b: int):
         from sglang.srt.model_executor.model_runner_components.weight_updater import LocalSerializedTensor
         from sglang.srt.utils import MultiprocessingSerializer
 
-        e, slot = self.engine_index, b % 2
+        e = self.engine_index
         ranks = self.plan.engines[e]
-        offsets = [0] * len(ranks)
+        views = {rp.rank: self._views(b, e, rp) for rp in ranks if rp.host == self.rank}
         named = []
-        for name in self.plan.buckets[b]:
+        for j, name in enumerate(self.plan.buckets[b]):
             values = []
-            for i, rp in enumerate(ranks):
-                target = rp.by_name[name]
-                view = self._staging[(e, rp.rank, slot)][offsets[i]:offsets[i] + target.numel].view(target.shape)
-                offsets[i] += target.numel
-                values.append(MultiprocessingSerializer.serialize(view))
+            for rp in ranks:
+                if rp.host == self.rank:
+                    view = views[rp.rank][j]
+                    values.append(MultiprocessingSerializer.serialize(view))
+                else:  # made by its host (_serialize_hosted)
+                    values.append(self._bucket_handles[(e, rp.rank)][j])
             if self.plan.shared:  # HF fallback: every engine rank reads rank 0's buffer
                 # One handle per reader: each serialization holds one reference on the shared memory that one
                 # deserialization releases (torch's file_system strategy); a handle read twice releases it

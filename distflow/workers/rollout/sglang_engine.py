@@ -97,6 +97,9 @@ def start_engine(model_path, tp: int = 1, dtype: str = "float32", seed: int = 0,
     launch = sglang_cpu_launch(tp) if device == "cpu" else _restored_environ()
     with launch, _restored_root_logger():
         args.update(_check_extra_args(extra_args or {}))
+        follower = int(args.get("node_rank") or 0) >= 1
+        if follower:  # a later node of a multi-node engine: its schedulers only; the constructor must return
+            os.environ["SGLANG_BLOCK_NONZERO_RANK_CHILDREN"] = "0"
         _check_model_path(model_path)
         import sglang
 
@@ -112,7 +115,8 @@ def start_engine(model_path, tp: int = 1, dtype: str = "float32", seed: int = 0,
         if guard.timed_out:  # the deadline passed just as the start finished
             shutdown_engine(engine)
             raise EngineStartError(with_log_tail(guard.describe_failure(TimeoutError()), log_path))
-    _take_sigquit(engine)
+    if not follower:  # followers run no tokenizer manager: rank 0 of the engine serves every request
+        _take_sigquit(engine)
     engine_health.watch(engine, log_path)
     logger.info("SGLang engine for %s (tp=%d, %s) ready in %.1f s; its log: %s", model_path, tp, device,
                 time.perf_counter() - tic, log_path)

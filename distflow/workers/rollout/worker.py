@@ -62,13 +62,23 @@ class RolloutWorker:
         self.num_engines = placement.num_engines
         self._balance_round = 0  # balanced generate calls so far: namespaces their store keys
         self.balance_stats: dict | None = None  # the last balanced call's totals (generate(balance=True))
-        if self.owner:
-            from distflow.workers.rollout import sglang_engine
+        self.node_engine = None  # a later node's share of a multi-node engine (its SGLang processes only)
+        node_rank = placement.engine_node_rank(rank)
+        if node_rank is not None:
+            from distflow.workers.rollout import multi_node_engine, sglang_engine
 
-            self.engine = sglang_engine.start_engine(
+            args = engine_args(cfg.rollout.sglang)
+            if placement.engine_nnodes > 1:
+                args.update(multi_node_engine.node_args(placement, self.engine_index, node_rank,
+                                                        timeout_s=cfg.trainer.dist_timeout_s))
+            engine = sglang_engine.start_engine(
                 model_path, tp=placement.engine_tp, dtype=cfg.model.dtype, seed=cfg.trainer.seed + self.engine_index,
-                mem_fraction_static=cfg.rollout.mem_fraction_static, extra_args=engine_args(cfg.rollout.sglang),
-                log_path=engine_log_path(cfg, self.engine_index))
+                mem_fraction_static=cfg.rollout.mem_fraction_static, extra_args=args,
+                log_path=engine_log_path(cfg, self.engine_index, node_rank))
+            if self.owner:
+                self.engine = engine
+            else:
+                self.node_engine = engine
 
     def generate(self, prompts, eos_token_id: int, greedy: bool = False, n: int | None = None,
                  balance: bool = False) -> PackedBatch | None:
@@ -180,16 +190,19 @@ class RolloutWorker:
             self.resharder.version = version
 
     def close(self) -> None:
-        if self.engine is not None:
-            from distflow.workers.rollout import sglang_engine
+        from distflow.workers.rollout import sglang_engine
 
-            sglang_engine.shutdown_engine(self.engine)
-            self.engine = None
+        for engine in (self.engine, self.node_engine):
+            if engine is not None:
+                sglang_engine.shutdown_engine(engine)
+        self.engine = self.node_engine = None
 
 
-def engine_log_path(cfg, engine_index: int) -> Path:
-    """Where engine `engine_index` writes its processes' output: <trainer.output_dir>/engine_logs/."""
-    return Path(cfg.trainer.output_dir) / "engine_logs" / f"engine{engine_index}.log"
+def engine_log_path(cfg, engine_index: int, node_rank: int = 0) -> Path:
+    """Where engine `engine_index` writes its processes' output: <trainer.output_dir>/engine_logs/
+    (a multi-node engine's later nodes: engine<i>.node<k>.log)."""
+    suffix = f".node{node_rank}" if node_rank else ""
+    return Path(cfg.trainer.output_dir) / "engine_logs" / f"engine{engine_index}{suffix}.log"
 
 
 def engine_args(user_args: dict) -> dict:
