@@ -8,13 +8,12 @@ reference made from the warmed-up actor as well.
 """
 import json
 import shutil
-import sys
 
 import pytest
 from safetensors.torch import load_file
 
-from distflow.models.tiny import make_tiny_model
-from distflow.testing.launch import run, torchrun
+from distflow.testing.copy_task import copy_task
+from distflow.testing.launch import torchrun
 
 # Wall-clock metrics differ between any two runs; everything else must match.
 # Timing and scheduling outcomes (which engine generated which chunk) may differ between runs; samples may not.
@@ -29,10 +28,7 @@ def _records(path):
 
 @pytest.mark.slow
 def test_resume_gives_the_same_steps(tmp_path):
-    model = make_tiny_model("qwen2", tmp_path / "tiny-qwen2", vocab=300)
-    data = tmp_path / "copy"
-    run([sys.executable, "tools/prepare_data.py", "copy", "--out", data, "--digits", "4", "--train", "200",
-         "--test", "8", "--seed", "1"], timeout_s=300)
+    model, data = copy_task(tmp_path, train=200)
     common = ["examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", f"data.train_files=[{data}/train.parquet]",
               f"data.val_files=[{data}/test.parquet]", "data.train_batch_size=4", "data.val_batch_size=8",
               "rollout.n=4", "rollout.max_new_tokens=6", "trainer.total_steps=4", "trainer.val_every=2",

@@ -1,12 +1,12 @@
 """DAPO end to end: `distflow.train` with dag.pipeline=dapo on 2 CPU processes (real Megatron-Core actor at
 TP=2, one real SGLang engine per rank), the dynamic-sampling node refilling the batch with further rounds of
 real generation, and a run whose every group is uninformative skipping its updates cleanly."""
-import json
 import sys
 
 import pytest
 
 from distflow.models.tiny import make_tiny_model
+from distflow.testing.copy_task import metrics_rows
 from distflow.testing.launch import torchrun
 
 BATCH, N, ATTEMPTS = 8, 4, 3
@@ -29,7 +29,7 @@ def _train(copy_task, out, *overrides):
         "examples/configs/dapo_copy_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}",
         f"data.train_files=[{data}/train.parquet]", "data.val_files=[]", f"data.train_batch_size={BATCH}",
         f"rollout.n={N}", f"algorithm.max_sampling_attempts={ATTEMPTS}", *overrides])
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return metrics_rows(out)
 
 
 @pytest.mark.slow

@@ -1,21 +1,16 @@
 """GRPO with the actor data-parallel (2 CPU processes: actor TP=1 x DP=2 with the distributed optimizer, one
 engine of TP=2 over both ranks): the coordinator must give both DP ranks the same number of rows (Megatron's
 DP ranks step together) while balancing tokens; every step's recomputed log-probs equal the engine's."""
-import json
-import sys
 
 import pytest
 
-from distflow.models.tiny import make_tiny_model
-from distflow.testing.launch import run, torchrun
+from distflow.testing.copy_task import copy_task, metrics_rows
+from distflow.testing.launch import torchrun
 
 
 @pytest.mark.slow
 def test_grpo_steps_with_a_data_parallel_actor(tmp_path):
-    model = make_tiny_model("qwen2", tmp_path / "tiny-qwen2", vocab=300)
-    data = tmp_path / "copy"
-    run([sys.executable, "tools/prepare_data.py", "copy", "--out", data, "--digits", "4", "--train", "256",
-         "--test", "8", "--seed", "1"], timeout_s=300)
+    model, data = copy_task(tmp_path, train=256)
     out = tmp_path / "run"
     torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[
         "examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}",
@@ -23,7 +18,7 @@ def test_grpo_steps_with_a_data_parallel_actor(tmp_path):
         "trainer.sft_warmup_steps=0", "trainer.val_every=0", "data.train_batch_size=6", "rollout.n=4",
         "rollout.max_new_tokens=48",  # random-policy lengths 1..48: token balance alone would split rows unevenly
         f"data.train_files=[{data}/train.parquet]", "data.val_files=[]", "checkpoint.export_hf=false"])
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(out)
     assert len(rows) == 3, rows
     assert rows[0]["rollout/logprob_diff_vs_actor"] <= 1e-3, rows[0]
     for r in rows:  # the synced weights are the actor's at every step

@@ -9,16 +9,11 @@ restores no worker). A 2-process job with sync.transport=auto reaches the engine
 node), so nothing travels over the group.
 """
 import json
-import sys
 
 import pytest
 
-from distflow.models.tiny import make_tiny_model
-from distflow.testing.launch import run, torchrun
-
-
-def _rows(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+from distflow.testing.copy_task import copy_task, metrics_rows
+from distflow.testing.launch import torchrun
 
 
 def _common(model, data):
@@ -39,10 +34,7 @@ def _engine_padding_bytes(model) -> int:
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("disaggregated")
-    model = make_tiny_model("qwen2", tmp / "tiny-qwen2", vocab=300)
-    data = tmp / "copy"
-    run([sys.executable, "tools/prepare_data.py", "copy", "--out", data, "--digits", "4", "--train", "64",
-         "--test", "8", "--seed", "1"], timeout_s=300)
+    model, data = copy_task(tmp, train=64)
     return tmp, model, data
 
 
@@ -55,7 +47,7 @@ def test_training_ranks_apart_from_the_engine_over_a_process_group(inputs):
         "trainer.total_steps=2", "checkpoint.save_every=1", f"trainer.output_dir={out}"])
     assert "engine 0: ranks [2]" in log and "actor: tp=2 pp=1 dp=1" in log, log[-3000:]
     assert "rank 2 sends" not in log  # the rollout-only rank holds no Megatron shard
-    rows = _rows(out)
+    rows = metrics_rows(out)
     assert len(rows) == 2, rows
     for r in rows:
         assert r["rollout/logprob_diff_vs_actor"] <= 1e-5, r  # the engine runs the actor's weights
@@ -70,7 +62,7 @@ def test_training_ranks_apart_from_the_engine_over_a_process_group(inputs):
         *_common(model, data), "actor.tp=2", "sync.transport=process_group", "trainer.total_steps=3",
         f"checkpoint.resume={out / 'checkpoints' / 'step_2'}", f"trainer.output_dir={resumed}"])
     assert "resumed from" in log, log[-3000:]
-    rows = _rows(resumed)
+    rows = metrics_rows(resumed)
     assert [r["step"] for r in rows] == [3], rows
     assert rows[0]["rollout/logprob_diff_vs_actor"] <= 1e-5, rows
     assert rows[0]["rollout/weight_version"] == 3.0, rows
@@ -83,6 +75,6 @@ def test_one_node_disaggregated_uses_shared_memory(inputs):
     torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[
         *_common(model, data), "actor.tp=1", "trainer.total_steps=1", "checkpoint.export_hf=false",
         f"trainer.output_dir={out}"])
-    (row,) = _rows(out)
+    (row,) = metrics_rows(out)
     assert row["sync/group_bytes"] == 0 and row["sync/bytes"] > 0, row
     assert row["rollout/logprob_diff_vs_actor"] <= 1e-5, row

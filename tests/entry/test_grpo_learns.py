@@ -1,30 +1,24 @@
 """The product end to end: `distflow.train` runs GRPO over the DAG on 2 CPU processes (real Megatron-Core
 actor at TP=2, one real SGLang engine per rank, the data coordinator between their layouts, weight sync
 every step) and the tiny model learns the copy task."""
-import json
 import statistics
 
 import pytest
 
-from distflow.models.tiny import make_tiny_model
-from distflow.testing.launch import run, torchrun
+from distflow.testing.copy_task import copy_task, metrics_rows
+from distflow.testing.launch import torchrun
 
 
 @pytest.mark.slow
 def test_grpo_learns_the_copy_task(tmp_path):
-    import sys
-
     # 300 tokens (digits, chat markers and the byte alphabet): the measured setting; with 512 the random
     # policy spreads over more useless tokens and 80 steps gave only +0.12.
-    model = make_tiny_model("qwen2", tmp_path / "tiny-qwen2", vocab=300)
-    data = tmp_path / "copy"
-    run([sys.executable, "tools/prepare_data.py", "copy", "--out", data, "--digits", "4", "--train", "9000",
-         "--test", "64", "--seed", "1"], timeout_s=300)
+    model, data = copy_task(tmp_path, train=9000, test=64)
     out = tmp_path / "run"
     torchrun("distflow.train", nproc=2, module=True, timeout_s=1500, args=[
         "examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}",
         f"data.train_files=[{data}/train.parquet]", f"data.val_files=[{data}/test.parquet]"])
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(out)
     rewards = [r["reward/mean"] for r in rows]
     first, last = statistics.mean(rewards[:5]), statistics.mean(rewards[-5:])
     assert last >= first + 0.3, f"reward {first:.3f} -> {last:.3f}: {rewards}"

@@ -5,12 +5,12 @@ prompts of hundreds of tokens through the prompt-length filter, the engines and 
 math-verify scorer in its process pool (no scorer errors), validation on the test split, and the
 step-1 invariant that the actor recomputes the engine's log-probs.
 """
-import json
 import sys
 
 import pytest
 
 from distflow.models.tiny import make_tiny_model
+from distflow.testing.copy_task import metrics_rows
 from distflow.testing.launch import run, torchrun
 
 
@@ -24,7 +24,7 @@ def test_two_grpo_steps_on_gsm_symbolic_with_math_reward(tmp_path):
     torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[
         "examples/configs/grpo_gsm_symbolic_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}",
         f"data.train_files=[{data}/train.parquet]", f"data.val_files=[{data}/test.parquet]"])
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(out)
     assert [r["step"] for r in rows] == [1, 2], rows
     for r in rows:
         assert r["reward/errors"] == 0 and r["reward/timeouts"] == 0, r

@@ -6,21 +6,16 @@ the engine and serves requests; rank 1 starts node 1's scheduler from the rendez
 in the job's store and logs to engine0.node1.log. The weight sync loads rank 1's shard through a handle
 rank 1 made itself (as across hosts); the engine's log-probs equal the actor's at every step.
 """
-import json
-import sys
 
 import pytest
 
-from distflow.models.tiny import make_tiny_model
-from distflow.testing.launch import run, torchrun
+from distflow.testing.copy_task import copy_task, metrics_rows
+from distflow.testing.launch import torchrun
 
 
 @pytest.mark.slow
 def test_grpo_with_an_engine_over_two_nodes(tmp_path):
-    model = make_tiny_model("qwen2", tmp_path / "tiny-qwen2", vocab=300)
-    data = tmp_path / "copy"
-    run([sys.executable, "tools/prepare_data.py", "copy", "--out", data, "--digits", "4", "--train", "64",
-         "--test", "8", "--seed", "1"], timeout_s=300)
+    model, data = copy_task(tmp_path, train=64)
     out = tmp_path / "run"
     log = torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[
         "examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}", "actor.tp=2",
@@ -30,7 +25,7 @@ def test_grpo_with_an_engine_over_two_nodes(tmp_path):
     assert "1 engine(s) of TP 2" in log, log[-3000:]
     logs = out / "engine_logs"
     assert (logs / "engine0.log").is_file() and (logs / "engine0.node1.log").is_file()
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(out)
     assert len(rows) == 2, rows
     for r in rows:
         assert r["rollout/logprob_diff_vs_actor"] <= 1e-5, r

@@ -4,15 +4,14 @@ SGLang engine per rank, for a few steps, so at step 1 actor, reference and engin
 (with a supervised warm-up, the warmed-up actor becomes the reference). Invariants checked (as slime's CI does):
   step 1: the KL to the reference is exactly 0 and the actor's recomputed log-probs match the engine's;
   later: the KL is > 0, and it sits in the loss or in the reward as configured."""
-import json
 import math
 import os
 from pathlib import Path
 
 import pytest
 
-from distflow.models.tiny import make_tiny_model
-from distflow.testing.launch import run, torchrun
+from distflow.testing.copy_task import copy_task, metrics_rows
+from distflow.testing.launch import torchrun
 
 COMMON = ["ref.enable=true", "ref.tp=2", "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.0",
           "trainer.sft_warmup_steps=0", "trainer.val_every=0", "data.val_files=[]", "data.train_batch_size=8",
@@ -24,13 +23,8 @@ ENV = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    import sys
-
     root = tmp_path_factory.mktemp("reinforce_pp")
-    model = make_tiny_model("qwen2", root / "tiny-qwen2", vocab=300)
-    data = root / "copy"
-    run([sys.executable, "tools/prepare_data.py", "copy", "--out", data, "--digits", "4", "--train", "256",
-         "--test", "8", "--seed", "1"], timeout_s=300)
+    model, data = copy_task(root, train=256)
     return root, model, data
 
 
@@ -41,7 +35,7 @@ def _train(inputs, name: str, steps: int, overrides: list[str]) -> list[dict]:
         "examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}",
         f"data.train_files=[{data}/train.parquet]", f"trainer.total_steps={steps}", *COMMON, *overrides])
     assert "advantage -> train_actor" in output  # the pipeline's order line names the nodes that ran
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(out)
     assert len(rows) == steps
     for row in rows:
         assert all(math.isfinite(v) for v in row.values() if isinstance(v, float)), row

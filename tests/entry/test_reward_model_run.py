@@ -1,7 +1,6 @@
 """GRPO with a reward model (reward.model_path) end to end on 2 CPU processes: the reward model (a tiny
 Qwen2ForSequenceClassification with a random head) scores every sample in the actor's layout (Megatron
 TP=2), and the policy climbs it: the mean score of the last steps is above that of the first ones."""
-import json
 import statistics
 import sys
 
@@ -9,6 +8,7 @@ import pytest
 
 from distflow.models.tiny import make_tiny_model
 from distflow.models.tiny_reward_model import make_tiny_reward_model
+from distflow.testing.copy_task import metrics_rows
 from distflow.testing.launch import run, torchrun
 
 STEPS = 12
@@ -27,7 +27,7 @@ def test_grpo_climbs_a_reward_model(tmp_path):
         f"trainer.output_dir={out}", f"trainer.total_steps={STEPS}", "trainer.sft_warmup_steps=0",
         "trainer.val_every=0", "data.train_batch_size=16", f"data.train_files=[{data}/train.parquet]",
         "data.val_files=[]", "checkpoint.export_hf=false"])
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(out)
     assert len(rows) == STEPS and "timing_s/reward" in rows[0], rows[0]
     assert rows[0]["rollout/logprob_diff_vs_actor"] <= 1e-3, rows[0]
     scores = [r["reward/mean"] for r in rows]

@@ -1,0 +1,24 @@
+"""The toy task the end-to-end tests train on: a tiny qwen2 model and copy-task parquet files ("1234" ->
+"1234"), made locally, plus reading back a run's metrics."""
+import json
+import sys
+from pathlib import Path
+
+from distflow.models.tiny import make_tiny_model
+from distflow.testing.launch import run
+
+
+def copy_task(root, *, train: int, test: int = 8) -> tuple[Path, Path]:
+    """(model dir, data dir) under `root`: tiny qwen2 with a 300-token vocabulary (padded for TP, which
+    exercises the masking of padded logits) and `train`/`test` copy prompts of 4 digits (seed 1)."""
+    root = Path(root)
+    model = make_tiny_model("qwen2", root / "tiny-qwen2", vocab=300)
+    data = root / "copy"
+    run([sys.executable, "tools/prepare_data.py", "copy", "--out", data, "--digits", "4", "--train", str(train),
+         "--test", str(test), "--seed", "1"], timeout_s=300)
+    return model, data
+
+
+def metrics_rows(out_dir) -> list[dict]:
+    """The JSONL metrics a run wrote to <trainer.output_dir>/metrics.jsonl, one dict per step."""
+    return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
