@@ -5,8 +5,8 @@
   restored), at TP=2 (sharded tensors) and DP=2 (per-rank RNG states that differ), also with the distributed
   optimizer (Adam state sharded over DP);
 - crash: a save that fails half-way (step 2) leaves `latest` at step 1, and resuming loads step 1;
-- NaN loss: the step is skipped (weights unchanged, reported as nan_loss/skipped_steps); three in a row stop
-  the worker with a clear error, and a good step in between resets the count.
+- NaN loss or NaN gradients: the step is skipped (weights unchanged, reported as nan_loss/nan_grad/
+  skipped_steps); three in a row stop the worker with a clear error, and a good step in between resets the count.
 """
 import json
 from pathlib import Path
@@ -75,6 +75,11 @@ def test_nan_loss_skips_the_step_then_stops(model, tmp_path):
     assert [m["nan_loss"] for m in r["bad"]] == [1.0, 1.0]
     assert [m["skipped_steps"] for m in r["bad"]] == [1.0, 1.0]
     assert r["good"][0]["nan_loss"] == 0.0 and r["good"][0]["skipped_steps"] == 0.0
-    assert len(r["bad_again"]) == 2  # the good step reset the count: two more bad ones do not stop it
+    # NaN gradients under a finite loss are skipped too (an fp32 optimizer has no loss scaler to catch them).
+    assert [(m["nan_loss"], m["nan_grad"], m["skipped_steps"]) for m in r["bad_again"]] == [(0.0, 1.0, 1.0)] * 2
+    for name, tensor in r["after_good"].items():
+        assert torch.equal(tensor, r["after_bad_again"][name]), name
+    assert r["good"][0]["nan_grad"] == 0.0
+    # The good step reset the count: two more bad ones do not stop it, a third in a row (NaN loss) does.
     assert r["error"] is not None and "3 optimizer steps in a row" in r["error"]
     assert "trainer.max_consecutive_bad_steps=3" in r["error"]

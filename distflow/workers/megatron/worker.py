@@ -174,8 +174,9 @@ class MegatronWorker:
 
         Returns: each loss_fn metric and "loss" (token-weighted over each mini-batch, then averaged over
         optimizer steps), "grad_norm" (before clipping, averaged over steps), "lr" (of the last step),
-        "optimizer_steps", "skipped_steps" (NaN/Inf loss, or non-finite gradients under fp16), "nan_loss" (steps
-        with a NaN/Inf loss: skipped; max_consecutive_bad_steps in a row raise NonFiniteLossError), "micro_batches".
+        "optimizer_steps", "skipped_steps" (NaN/Inf loss or gradients), "nan_loss" (steps with a NaN/Inf loss),
+        "nan_grad" (a finite loss but NaN/Inf gradients): both skipped, max_consecutive_bad_steps of them in a
+        row raise NonFiniteLossError; "micro_batches".
         """
         assert self.trains, "the reference model is forward-only"
         batch = self._to_device(batch)
@@ -216,14 +217,18 @@ class MegatronWorker:
         payloads = steps.run_schedule(self.model, micro_batches, forward_only=False, output_fn=output_fn)
         lr = self.optimizer.param_groups[0]["lr"]
         metrics = _reduce_loss_metrics(payloads)  # the same on every rank of the role
-        # A NaN/Inf loss leaves NaN gradients: skip the update (parameters, Adam state and LR schedule stay).
-        finite = math.isfinite(metrics["loss"])
-        ok, grad_norm, _ = self.optimizer.step() if finite else (False, float("nan"), None)
+        # A NaN/Inf loss, or NaN/Inf gradients under a finite loss (an fp32/bf16 optimizer has no loss scaler
+        # to catch them), would write NaN into the weights: skip the update (parameters, Adam state and LR
+        # schedule stay).
+        finite_loss = math.isfinite(metrics["loss"])
+        finite_grads = finite_loss and _gradients_finite(self.model, self.device)
+        ok, grad_norm, _ = self.optimizer.step() if finite_grads else (False, float("nan"), None)
         if ok:
             self.scheduler.step(increment=1)
-        self._check_bad_steps(finite)
+        self._check_bad_steps(finite_grads)
         metrics.update(grad_norm=float(grad_norm or 0.0), lr=lr, skipped_steps=float(not ok),
-                       nan_loss=float(not finite), micro_batches=float(len(micro_batches)))
+                       nan_loss=float(not finite_loss), nan_grad=float(finite_loss and not finite_grads),
+                       micro_batches=float(len(micro_batches)))
         return metrics
 
     max_consecutive_bad_steps = 3  # the trainer sets trainer.max_consecutive_bad_steps
@@ -233,8 +238,8 @@ class MegatronWorker:
         self._bad_steps_in_a_row = 0 if finite else self._bad_steps_in_a_row + 1
         if self._bad_steps_in_a_row >= self.max_consecutive_bad_steps:
             raise NonFiniteLossError(
-                f"{self.role}: the loss was NaN/Inf in {self._bad_steps_in_a_row} optimizer steps in a row (each "
-                f"update skipped); stopping (trainer.max_consecutive_bad_steps={self.max_consecutive_bad_steps}). "
+                f"{self.role}: the loss or the gradients were NaN/Inf in {self._bad_steps_in_a_row} optimizer steps "
+                f"in a row (each update skipped); stopping (trainer.max_consecutive_bad_steps={self.max_consecutive_bad_steps}). "
                 "Check the learning rate, the data and the loss inputs (advantages, log-probs) of these steps")
 
     # ---- pieces ---------------------------------------------------------------------------------------
@@ -300,6 +305,19 @@ def _check_layout(role: str, role_cfg, layout, device: str) -> None:
         raise ValueError(error)
 
 
+def _gradients_finite(ddp_chunks: list, device: torch.device) -> bool:
+    """Whether every gradient of the role is finite, on every rank (one small all_reduce over the role's ranks:
+    with the distributed optimizer each rank holds reduced gradients for its own shard only, and a NaN in any
+    rank's local gradients reaches some shard). Reads Megatron DDP's flat gradient buffers."""
+    bad = torch.zeros(1, device=device)
+    for chunk in ddp_chunks:
+        for buffer in chunk.buffers + chunk.expert_parallel_buffers:
+            if not torch.isfinite(buffer.grad_data).all():
+                bad.fill_(1.0)
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # the training ranks' world (training_world)
+    return not bool(bad.item())
+
+
 def _check_same_rows_on_dp_ranks(rows: int, device: torch.device) -> None:
     """Every DP rank must run the same number of optimizer steps (each one all-reduces gradients)."""
     from megatron.core import parallel_state as ps
@@ -332,6 +350,5 @@ def _reduce_loss_metrics(payloads: list[dict]) -> dict:
 def _average_steps(per_step: list[dict]) -> dict:
     out = {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}
     out.update(lr=per_step[-1]["lr"], optimizer_steps=float(len(per_step)),
-               skipped_steps=sum(m["skipped_steps"] for m in per_step), nan_loss=sum(m["nan_loss"] for m in per_step),
-               micro_batches=sum(m["micro_batches"] for m in per_step))
+               **{k: sum(m[k] for m in per_step) for k in ("skipped_steps", "nan_loss", "nan_grad", "micro_batches")})
     return out

@@ -69,6 +69,12 @@ def nan_loss(logprobs, entropy, mb):
     return loss * float("nan"), metrics
 
 
+def nan_grad_loss(logprobs, entropy, mb):
+    """A finite loss with NaN gradients: sqrt'(0) is inf, and the chain rule multiplies it by 0."""
+    loss, metrics = pg_loss(logprobs, entropy, mb)
+    return loss + torch.sqrt((logprobs * 0).sum()), metrics
+
+
 class StepLoader:
     """A stand-in prompt loader: its state is the next step, so a resumed run must restore it."""
 
@@ -162,14 +168,16 @@ def main() -> None:
         bad = train(worker, par, loader, [1, 2], loss_fn=nan_loss)  # 2 bad steps: skipped, no error yet
         after_bad = worker.export_hf_state()
         good = train(worker, par, loader, [3])                        # resets the count
-        bad_again = train(worker, par, loader, [4, 5], loss_fn=nan_loss)
+        after_good = worker.export_hf_state()
+        bad_again = train(worker, par, loader, [4, 5], loss_fn=nan_grad_loss)  # finite loss, NaN gradients
+        after_bad_again = worker.export_hf_state()
         try:
             train(worker, par, loader, [6], loss_fn=nan_loss)          # the third in a row
             error = None
         except NonFiniteLossError as err:
             error = str(err)
         result = {"before": before, "after_bad": after_bad, "bad": bad, "good": good, "bad_again": bad_again,
-                  "error": error}
+                  "after_good": after_good, "after_bad_again": after_bad_again, "error": error}
     else:
         sys.exit(f"unknown case {args.case}")
     if dist.get_rank() == 0:
