@@ -208,8 +208,8 @@ class TrainerConfig:
     device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: cuda when available, else cpu (gloo).")
     dist_timeout_s: int = option(600, "Timeout of every collective and process-group set-up, in seconds.")
     max_consecutive_bad_steps: int = option(
-        3, "Optimizer steps in a row with a NaN/Inf loss or NaN/Inf gradients (each one skipped) after which the run stops with an "
-        "error.")
+        3, "Optimizer steps in a row with a NaN/Inf loss or NaN/Inf gradients (each one skipped) after which "
+        "the run stops with an error.")
 
 
 @dataclass
