@@ -7,8 +7,9 @@ It writes a random tiny model of that size, launches tp*pp CPU processes over gl
 Megatron shards, built by the HF -> Megatron conversion as a trainer holds them), and starts one engine of
 --engine-tp ranks owned by rank 0. Methods, each timed over --repeats rounds after a warm-up (median, from a
 barrier to the last rank done):
-  resharder: WeightResharder.sync() (every rank writes its own slices into the engine ranks' staging memory;
-             the owner loads them with load_format="direct");
+  resharder: WeightResharder.sync() (every rank writes its own slices into the engine ranks' staging memory,
+             or with --transport process_group sends them to the hosting rank over gloo; the owner loads
+             them with load_format="direct");
   gather-broadcast: every rank sends its whole shard to rank 0 (gloo), rank 0 rebuilds the full HF tensors
              and hands them to the engine, whose every rank receives the full model and shards it;
   memcpy: one process copying the bytes the engine ranks receive, from memory to memory.
@@ -38,6 +39,9 @@ def main(argv=None):
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--engine-tp", type=int, default=1)
     parser.add_argument("--bucket-mb", type=int, default=64)
+    parser.add_argument("--transport", default="auto", choices=["auto", "shared_memory", "process_group"],
+                        help="sync.transport of the resharder: process_group sends every piece another rank "
+                             "hosts over a gloo group, as between nodes")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1200)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -84,7 +88,7 @@ def worker(args):
                           rollout_ranks=tuple(range(args.engine_tp)), engine_tp=args.engine_tp)
     local = local_shards(spec, checkpoint, train, rank)
     plan = plan_weight_sync(spec, cfg, train, placement, bucket_bytes=args.bucket_mb * 2**20, element_size=4)
-    resharder = WeightResharder(plan, local, engine=engine)
+    resharder = WeightResharder(plan, local, engine=engine, transport=args.transport)
 
     results = {}
     results["resharder"] = timed(resharder.sync, args.repeats)
@@ -98,9 +102,9 @@ def worker(args):
         mib = plan.total_bytes / 2**20
         send = plan.sender_bytes()
         print(f"BENCH {args.family}: {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}; "
-              f"train tp={args.tp} pp={args.pp}, engine tp={args.engine_tp}; {mib:.1f} MiB into the engine per "
-              f"sync, {len(plan.buckets)} bucket(s) of <= {args.bucket_mb} MiB; busiest sender "
-              f"{max(send.values()) / 2**20:.1f} MiB", flush=True)
+              f"train tp={args.tp} pp={args.pp}, engine tp={args.engine_tp}, transport {args.transport}; "
+              f"{mib:.1f} MiB into the engine per sync, {len(plan.buckets)} bucket(s) of <= {args.bucket_mb} MiB; "
+              f"busiest sender {max(send.values()) / 2**20:.1f} MiB", flush=True)
         for name, seconds in results.items():
             rate = plan.total_bytes / seconds / 1e9
             print(f"BENCH {name:>16}: {seconds * 1e3:8.1f} ms  {rate:6.2f} GB/s", flush=True)

@@ -6,22 +6,23 @@ IPC memory on GPU), each the size of that rank's largest bucket, allocated once.
 hundred bytes) are exchanged once; after that each training rank writes the pieces it holds directly into
 the staging buffers (no funnel through one rank; every stage and TP rank writes at once), the ranks agree
 that the bucket is complete (one all_gather of small status objects, which also carries errors and
-checksum shares), and the engine owner hands SGLang one `LocalSerializedTensor` per tensor whose entry r
-is a view of engine rank r's staging buffer (`load_format="direct"`: each scheduler copies its own view
-into its own parameter). Buckets alternate between the two buffers, so ranks fill bucket b+1 while the
+checksum shares and, from each engine rank's host, handles to that rank's views of the bucket), and the
+engine owner hands SGLang one `LocalSerializedTensor` per tensor whose entry r is engine rank r's view, its
+handle made on rank r's own node (`load_format="direct"`: each scheduler copies its own view into its own
+parameter; so an engine spanning nodes loads the same way). Buckets alternate between the two buffers, so ranks fill bucket b+1 while the
 owner loads bucket b. The whole sync is one begin/end_weight_update session; the last load flushes the
 engine's KV/prefix cache.
 
 Failures: any rank's exception (or the engine dying: engine_health fails the waiting engine call within about
-a second, with the engine log's tail) is reported in the next status exchange, every rank raises WeightSyncError naming the rank and the
-cause, and the engine stays marked stale (engine_state). Megatron's weights are only read.
+a second, with the engine log's tail) is reported in the next status exchange, every rank raises
+WeightSyncError naming the rank and the cause, and the engine stays marked stale (engine_state). Megatron's
+weights are only read.
 sync.verify: the owner asks every engine rank for the checksum of each parameter (engine_side.probe) and
 compares, per bucket, with the sum of the shares the senders computed from their own shards.
 Engine ranks on another node than a sender (disaggregated placement across nodes), or every sender/host pair
 with sync.transport=process_group, are reached over a weight-update process group instead (group_transport):
 the sender packs its pieces for that host, they travel once every rank has packed its bucket, and the host
-writes them into its staging buffer. An engine's own ranks must share a node with its owner, which loads
-every engine rank's staging buffer.
+writes them into its staging buffer.
 """
 import contextlib
 import logging

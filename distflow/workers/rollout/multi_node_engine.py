@@ -23,8 +23,9 @@ def node_args(placement, engine: int, node_rank: int, timeout_s: float) -> dict:
         try:  # the store's own timeout bounds the wait: trainer.dist_timeout_s
             address = store.get(key).decode()
         except Exception as exc:  # a c10d timeout or a closed store: say which engine never started
-            raise TimeoutError(f"engine {engine} node {node_rank}: the owner (rank {placement.engine_ranks(engine)[0]}) "
-                               f"published no rendezvous address within {timeout_s:.0f} s ({exc})") from exc
+            owner = placement.engine_ranks(engine)[0]
+            raise TimeoutError(f"engine {engine} node {node_rank}: the owner (rank {owner}) published no "
+                               f"rendezvous address within {timeout_s:.0f} s ({exc})") from exc
     return {"nnodes": placement.engine_nnodes, "node_rank": node_rank, "dist_init_addr": address}
 
 
