@@ -79,7 +79,7 @@ def initialize_megatron_groups(layout: ParallelLayout, placement: Placement, tim
                     virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
                     context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
                     expert_tensor_parallel_size=layout.etp, distributed_timeout_minutes=max(1, timeout_s // 60))
-    if training_world.is_separate() or not trains:
+    if len(placement.train_ranks) != dist.get_world_size():  # Megatron's groups exist on some ranks only
         training_world.align_group_names()
     return trains
 

@@ -34,11 +34,6 @@ def set_up(placement) -> bool:
     return False
 
 
-def is_separate() -> bool:
-    """True on a training rank of a job whose other ranks only host engines."""
-    return _train_group is not None
-
-
 @contextlib.contextmanager
 def training_world():
     """Makes the training ranks' group the default process group (no-op when every rank trains)."""

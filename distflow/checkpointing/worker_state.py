@@ -28,11 +28,7 @@ def save_worker(worker, folder: Path) -> None:
     """Writes `worker`'s model and optimizer shards into `folder` (created by the caller, shared FS)."""
     from megatron.core import dist_checkpointing
 
-    model = sharded_state_dict(worker.chunks)
-    state = {"model": model}
-    distributed = _distributed_optimizers(worker)
-    if worker.trains and not distributed:
-        state["optimizer"] = worker.optimizer.sharded_state_dict(model)
+    state, distributed = _checkpoint_state(worker, is_loading=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dist_checkpointing.save(state, str(folder))
@@ -45,11 +41,7 @@ def load_worker(worker, folder: Path) -> None:
     """Reads this rank's shards of `folder` into `worker`'s chunks and optimizer (same layout as saved)."""
     from megatron.core import dist_checkpointing
 
-    model = sharded_state_dict(worker.chunks)
-    state = {"model": model}
-    distributed = _distributed_optimizers(worker)
-    if worker.trains and not distributed:
-        state["optimizer"] = worker.optimizer.sharded_state_dict(model, is_loading=True)
+    state, distributed = _checkpoint_state(worker, is_loading=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loaded = dist_checkpointing.load(state, str(folder))
@@ -66,6 +58,17 @@ def load_worker(worker, folder: Path) -> None:
             _load_local_state(opt, saved)
     elif worker.trains:
         worker.optimizer.load_state_dict(loaded["optimizer"])
+
+
+def _checkpoint_state(worker, is_loading: bool) -> tuple[dict, list]:
+    """The sharded state the dist checkpoint holds (the model, plus a regular optimizer's state) and the
+    worker's distributed optimizers, whose shards are written per rank instead."""
+    model = sharded_state_dict(worker.chunks)
+    state = {"model": model}
+    distributed = _distributed_optimizers(worker)
+    if worker.trains and not distributed:
+        state["optimizer"] = worker.optimizer.sharded_state_dict(model, is_loading=is_loading)
+    return state, distributed
 
 
 def _distributed_optimizers(worker) -> list:

@@ -240,7 +240,8 @@ class WeightResharder:
         return socket.gethostname(), {k: MultiprocessingSerializer.serialize(v) for k, v in self._staging.items()}
 
     def _open(self, gathered: list) -> None:
-        """Opens the other hosts' staging buffers this rank writes to or (owner) loads from."""
+        """Opens the other hosts' staging buffers this rank writes into (owners load through handles their
+        hosts make: _serialize_hosted)."""
         from sglang.srt.utils import MultiprocessingSerializer
 
         self.transport.set_hostnames([host for _, (host, _) in gathered])

@@ -22,27 +22,28 @@ MODES = ("auto", "shared_memory", "process_group")
 
 
 class GroupTransport:
-    """Collective to construct (every rank of the job, at the same point), as the WeightResharder is."""
+    """One per WeightResharder, on every rank of the job; set_hostnames is collective."""
 
     def __init__(self, plan, rank: int, mode: str, device: torch.device, timeout_s: float | None = None):
         if mode not in MODES:
             raise ValueError(f"sync.transport={mode!r}: one of {list(MODES)}")
-        self.plan, self.rank, self.mode, self.device = plan, rank, mode, device
-        self.group = None
-        if mode != "shared_memory":
-            kwargs = {"timeout": datetime.timedelta(seconds=timeout_s)} if timeout_s else {}
-            self.group = dist.new_group(backend="nccl" if device.type == "cuda" else "gloo", **kwargs)
+        self.plan, self.rank, self.mode, self.device, self.timeout_s = plan, rank, mode, device, timeout_s
+        self.group = None  # made by set_hostnames, only if some piece travels over it
         self.hostnames: list[str] | None = None
         self.receives = _index_receives(plan, rank)
         self._group_buckets: set[int] = set()
         self.sent_bytes = 0
 
     def set_hostnames(self, hostnames: list[str]) -> None:
-        """Every rank's host name (from the first sync's exchange); fixes which pairs use the group."""
+        """Every rank's host name (from the first sync's exchange); fixes which pairs use the group, and makes
+        the group when any does. Collective: every rank calls it with the same names, so all decide alike."""
         self.hostnames = list(hostnames)
         self._group_buckets = {b for b in range(len(self.plan.buckets))
                                if any(self.via_group(p.src_rank, rp.host) for rp, t in _bucket_targets(self.plan, b)
                                       for p in t.pieces)}
+        if self._group_buckets and self.group is None:  # an NCCL group costs GPU memory: only when needed
+            kwargs = {"timeout": datetime.timedelta(seconds=self.timeout_s)} if self.timeout_s else {}
+            self.group = dist.new_group(backend="nccl" if self.device.type == "cuda" else "gloo", **kwargs)
 
     def via_group(self, sender: int, host: int) -> bool:
         """Whether `sender`'s pieces for engine ranks hosted by `host` travel over the group."""

@@ -312,8 +312,7 @@ def _gradients_finite(ddp_chunks: list, device: torch.device) -> bool:
     bad = torch.zeros(1, device=device)
     for chunk in ddp_chunks:
         for buffer in chunk.buffers + chunk.expert_parallel_buffers:
-            if not torch.isfinite(buffer.grad_data).all():
-                bad.fill_(1.0)
+            bad += (~torch.isfinite(buffer.grad_data)).any()  # stays on the device: one sync below
     dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # the training ranks' world (training_world)
     return not bool(bad.item())
 

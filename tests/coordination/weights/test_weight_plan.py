@@ -159,15 +159,21 @@ MOE_CASES = [  # (spec, moe config kwargs, train layout kwargs, world, engine_tp
 ]
 
 
-@pytest.mark.parametrize("spec,cfg_kw,train_kw,world,engine_tp", CASES)
-def test_assembled_shards_equal_sglang_loading(spec, cfg_kw, train_kw, world, engine_tp):
-    cfg = config(spec.hf_architecture, **cfg_kw)
+def shard_plan(spec, cfg, train_kw, world, engine_tp):
+    """(train layout, colocated placement, HF tensors, Megatron shards, shard-level plan) for one case."""
     train = ParallelLayout.for_world(world, **train_kw)
     placement = Placement.create("colocated", world, engine_tp)
     hf = hf_state(spec, cfg)
     shards = megatron_shards(spec, cfg, hf, train)
     plan = wplan.plan_weight_sync(spec, cfg, train, placement, bucket_bytes=4096, element_size=4)
     assert plan.mode == wplan.SHARDS
+    return train, placement, hf, shards, plan
+
+
+@pytest.mark.parametrize("spec,cfg_kw,train_kw,world,engine_tp", CASES)
+def test_assembled_shards_equal_sglang_loading(spec, cfg_kw, train_kw, world, engine_tp):
+    cfg = config(spec.hf_architecture, **cfg_kw)
+    train, placement, hf, shards, plan = shard_plan(spec, cfg, train_kw, world, engine_tp)
     for e in range(placement.num_engines):
         for r in range(engine_tp):
             got = assemble(plan, e, r, shards)
@@ -184,12 +190,7 @@ def test_moe_shards_equal_sglang_fused_expert_loading(spec, cfg_kw, train_kw, wo
     """Every engine parameter (fused w13/w2, router, shared expert, attention) is covered exactly once,
     equals SGLang's own loading of the HF tensors, and each routed expert comes from its EP owner."""
     cfg = moe_config(spec.hf_architecture, **cfg_kw)
-    train = ParallelLayout.for_world(world, **train_kw)
-    placement = Placement.create("colocated", world, engine_tp)
-    hf = hf_state(spec, cfg)
-    shards = megatron_shards(spec, cfg, hf, train)
-    plan = wplan.plan_weight_sync(spec, cfg, train, placement, bucket_bytes=4096, element_size=4)
-    assert plan.mode == wplan.SHARDS
+    train, placement, hf, shards, plan = shard_plan(spec, cfg, train_kw, world, engine_tp)
     per_ep = cfg["num_experts"] // train.ep
     for e in range(placement.num_engines):
         for r in range(engine_tp):
