@@ -3,7 +3,9 @@
 Tests spawn their own processes through this so that a hung collective (or Megatron's checkpoint writer
 dying, which makes its parent wait forever) fails the test with the job's output instead of hanging CI.
 """
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -60,3 +62,19 @@ def run(cmd, timeout_s: float = 300, env: dict | None = None, cwd: str | None = 
 
 def _tail(text: str, lines: int = 80) -> str:
     return "\n".join((text or "").splitlines()[-lines:])
+
+
+def tagged_json(output: str, tag: str) -> list:
+    """The JSON payloads of every `TAG {...}` line that the job's ranks printed, in output order.
+
+    Ranks share one output file and, under PYTHONUNBUFFERED, print() writes its text and its newline in two
+    calls, so two ranks' lines can come out joined ("TAG {..}TAG {..}\n\n"). A print's own text stays whole,
+    so each payload is decoded where it starts and whatever follows it is ignored.
+    """
+    decoder = json.JSONDecoder()
+    return [decoder.raw_decode(output, match.end())[0] for match in re.finditer(re.escape(tag) + " ", output)]
+
+
+def tagged_text(output: str, tag: str) -> list[str]:
+    """The text after every `TAG ` up to the end of its line (which may carry another rank's joined line)."""
+    return re.findall(re.escape(tag) + r" ([^\n]*)", output)

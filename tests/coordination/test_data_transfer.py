@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distflow.testing.launch import torchrun
+from distflow.testing.launch import tagged_text, torchrun
 
 JOB = Path(__file__).parent / "jobs" / "transfer_job.py"
 CASES = ["rollout_dp4_to_tp2_dp2", "rollout_dp4_to_tp2_dp2_split_groups", "engine_tp2_to_pp2_dp2",
@@ -45,7 +45,7 @@ def test_double_buffer_overlaps_transfer_with_compute(job_output):
 
 @pytest.mark.slow
 def test_silent_peer_times_out_naming_node_rank_and_peer(job_output):
-    line = next((l for l in job_output.splitlines() if l.startswith("TIMEOUT-OK rank=0")), None)
+    line = next((t for t in tagged_text(job_output, "TIMEOUT-OK") if t.startswith("rank=0 ")), None)
     assert line is not None, job_output[-3000:]
     early, late = line.split(" || ")
     assert "node 'train_actor': rank 0 waited 1.0 s for its data; the transfer is waiting to receive from rank 1" in early

@@ -1,12 +1,11 @@
 """Rollout balancing with two real SGLang CPU engines (2 colocated ranks, engine_tp=1): with engine 1 slowed
 by the fault hook, engine 0 generates engine 1's chunks, and every sample still comes back to its home rank
 with the ids, groups, tokens and log-probs that balance=partition gives on the same seeds."""
-import json
 from pathlib import Path
 
 import pytest
 
-from distflow.testing.launch import torchrun
+from distflow.testing.launch import tagged_json, torchrun
 
 JOB = Path(__file__).parent / "jobs" / "balanced_rollout_job.py"
 
@@ -14,8 +13,7 @@ JOB = Path(__file__).parent / "jobs" / "balanced_rollout_job.py"
 @pytest.mark.slow
 def test_stolen_chunks_come_home_with_the_partition_results(tiny_qwen2, tmp_path):
     out = torchrun(JOB, nproc=2, args=[tiny_qwen2, tmp_path / "run"], timeout_s=900)
-    results = {r["rank"]: r for r in (json.loads(line.split("BALANCE ", 1)[1])
-                                      for line in out.splitlines() if line.startswith("BALANCE "))}
+    results = {r["rank"]: r for r in tagged_json(out, "BALANCE")}
     assert sorted(results) == [0, 1], out[-3000:]
     for rank, r in results.items():
         part, steal = r["partition"], r["steal"]
