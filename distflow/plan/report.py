@@ -149,9 +149,12 @@ def _phases(plan: Plan, colocated: bool) -> list[Phase]:
     if colocated:
         parts = [(f"{m.role} states" + (" (offloaded)" if m.offload else ""), m.resident) for m in plan.roles.values()]
         parts.append(("engine weights + KV pool", plan.engine.static_total))
-        phases.append(Phase("generate", train_where, tuple(parts)))
     else:
-        phases.append(Phase("generate", "rollout ranks", (("engine weights + KV pool", plan.engine.static_total),)))
+        parts = [("engine weights + KV pool", plan.engine.static_total)]
+    where = train_where if colocated else "rollout ranks"
+    phases.append(Phase("generate", where, tuple(parts)))
+    # The engine is resumed whole before the sync, so its staging buffers come on top of everything above.
+    phases.append(Phase("sync_weights", where, tuple(parts) + (("sync staging", plan.reshard.staging_bytes),)))
     for role in TRAINING_ROLES:
         if role not in plan.roles:
             continue
@@ -170,6 +173,10 @@ def _check(plan: Plan, colocated: bool, runnable_pipelines) -> None:
     cfg, gpu, e, d = plan.cfg, plan.gpu_bytes, plan.engine, plan.data
     w, n = plan.warnings, plan.notes
     for phase in plan.phases:
+        if phase.name == "sync_weights" and phase.total > gpu:
+            w.append(f"the weight sync needs {phase.total / GiB:.1f} GiB per GPU on {phase.where} (its staging: two "
+                     f"buckets of sync.bucket_mb={cfg.sync.bucket_mb} MiB), over the GPU's {gpu / GiB:.0f} GiB: "
+                     "lower sync.bucket_mb or rollout.mem_fraction_static")
         if phase.name.startswith("train_") and phase.total > gpu:
             m = plan.roles[phase.name[len("train_"):]]
             w.append(f"{phase.name} needs {phase.total / GiB:.1f} GiB per GPU on {phase.where} (pipeline stage "

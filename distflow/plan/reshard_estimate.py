@@ -45,6 +45,12 @@ class ReshardEstimate:
         return math.ceil(self.model_bytes / self.bucket_bytes)
 
     @property
+    def staging_bytes(self) -> float:
+        """Each engine GPU's staging buffers during a sync: two buckets (one filled while the other loads),
+        each no larger than the rank's whole slice."""
+        return 2 * min(self.bucket_bytes, self.recv_bytes)
+
+    @property
     def seconds_lower_bound(self) -> float:
         return max(self.send_bytes, self.recv_bytes) / self.bandwidth_bytes_s
 

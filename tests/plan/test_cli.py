@@ -38,6 +38,16 @@ def test_over_memory_warns(capsys):
     assert "OVER" in out
 
 
+def test_sync_staging_over_memory_warns(capsys):
+    args = ("actor.tp=2", "rollout.engine_tp=2", "actor.recompute_granularity=full", "--world-size", "8",
+            "--gpu-memory-gb", "80", "--model-config", QWEN7B)
+    _, out, _ = plan(capsys, *args)
+    staging = next(line for line in out.splitlines() if line.startswith("phase sync_weights"))
+    assert "sync staging 1.0" in staging and staging.endswith("ok"), staging  # 2 x 512 MiB
+    _, out, _ = plan(capsys, *args, "sync.bucket_mb=8192")  # 2 x 7.1 GiB: the whole slice, twice
+    assert "WARNING: the weight sync needs" in out and "lower sync.bucket_mb" in out, out
+
+
 def test_distributed_optimizer_off_costs_more(capsys):
     args = ("actor.tp=2", "--world-size", "8", "--model-config", QWEN7B)
     _, on, _ = plan(capsys, *args)

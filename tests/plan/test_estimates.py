@@ -139,3 +139,6 @@ def test_reshard_bytes_buckets_and_lower_bound():
     assert est.sender_buckets == math.ceil(est.send_bytes / 2 ** 29)
     assert est.seconds_lower_bound == pytest.approx(max(est.send_bytes, est.recv_bytes) / 50e9)
     assert est.total_bytes == pytest.approx(8 * 2 * a.total_params)
+    assert est.staging_bytes == 2 * 2 ** 29  # two buckets in flight
+    tiny = estimate_reshard(a, actor, num_engines=8, engine_tp=1, bucket_mb=10 ** 6, bandwidth_gbps=400)
+    assert tiny.staging_bytes == pytest.approx(2 * est.recv_bytes)  # a bucket never exceeds the rank's slice

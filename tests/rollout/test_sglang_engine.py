@@ -94,6 +94,22 @@ def test_stop_token_ends_the_response(started):
     assert stopped.response_ids == reference.response_ids[:cut + 1]
 
 
+def test_stop_string_ends_the_response_and_keeps_its_tokens(started, tiny_qwen2):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen2)
+    (reference,) = greedy(started["engine"], PROMPTS[:1])
+    ids = reference.response_ids
+    # The first token whose text does not occur in the text before it: generation must stop right there.
+    cut, text = next((i, t) for i in range(1, len(ids))
+                     if (t := tokenizer.decode([ids[i]]).strip()) and t not in tokenizer.decode(ids[:i]))
+    (stopped,) = generate(started["engine"], PROMPTS[:1], temperature=0.0, max_new_tokens=GREEDY_TOKENS,
+                          stop=[text])
+    assert stopped.finish_reason == "stop", (text, ids, stopped.response_ids)
+    assert stopped.response_ids == ids[:cut + 1], (text, ids)
+    assert stopped.logprobs == pytest.approx(reference.logprobs[:cut + 1], abs=1e-5)
+
+
 def test_weight_updates_change_and_restore_the_output(started, tiny_qwen2):
     engine = started["engine"]
     before = greedy(engine)

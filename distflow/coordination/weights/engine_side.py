@@ -3,8 +3,9 @@
 SGLang calls a loader registered with the engine argument `custom_weight_loader=[...]` (see
 `engine_args()`) as `loader(model, named_tensors)` on every engine TP rank when the engine's
 `update_weights_from_tensor(..., load_format="<module>.<function>")` runs. Two loaders:
-- `load_counted`: SGLang's load_format="direct" (copy each tensor into the parameter of that name) that also
-  counts the bytes this rank received; a name or shape that does not match is recorded, not raised (an
+- `load_counted`: SGLang's load_format="direct" (copy each tensor into the parameter of that name; a name
+  `<param>[a:b]` into rows a..b of it, for parameters sent in row ranges) that also counts the bytes this
+  rank received; a name or shape that does not match is recorded, not raised (an
   exception here kills the scheduler and with it the engine);
 - `probe`: reports, for every parameter of this rank, its shape, dtype and (optionally) checksum, plus the
   received-bytes count and recorded errors. The request is a uint8 tensor holding JSON {"out": path,
@@ -39,14 +40,26 @@ def probe_request(out_path: str, checksums: bool) -> list[tuple[str, torch.Tenso
 def load_counted(model, named_tensors) -> None:
     params = dict(model.named_parameters())
     for name, tensor in named_tensors:
+        name, rows = _split_name(name)
         param = params.get(name)
-        if param is None or tuple(param.shape) != tuple(tensor.shape):
-            got = None if param is None else tuple(param.shape)
-            _received["errors"].append(f"{name}: engine parameter {got}, received {tuple(tensor.shape)}")
+        data = None if param is None else param.data if rows is None else param.data[rows[0]:rows[1]]
+        if data is None or tuple(data.shape) != tuple(tensor.shape):
+            got = None if data is None else tuple(data.shape)
+            _received["errors"].append(f"{name}{'' if rows is None else list(rows)}: engine parameter {got}, "
+                                       f"received {tuple(tensor.shape)}")
             continue
-        param.data.copy_(tensor)
+        data.copy_(tensor)
         _received["bytes"] += tensor.numel() * tensor.element_size()
         _received["tensors"] += 1
+
+
+def _split_name(name: str) -> tuple[str, tuple[int, int] | None]:
+    """'<param>[a:b]' (rows a..b of a parameter the weight plan split over buckets) -> (param, (a, b))."""
+    if not name.endswith("]") or "[" not in name:
+        return name, None
+    param, rows = name[:-1].rsplit("[", 1)
+    first, stop = rows.split(":")
+    return param, (int(first), int(stop))
 
 
 def probe(model, named_tensors) -> None:

@@ -289,8 +289,8 @@ class WeightResharder:
                 dst.copy_(src)
                 sent += piece.numel * self.plan.element_size
                 if self.verify:
-                    key = (e, r, target.name)
-                    share = wsum.region_checksum(dst, target.shape, piece.dst)
+                    key = (e, r, target.param_name)
+                    share = wsum.region_checksum(dst, target.param_shape, target.in_param(piece.dst))
                     shares[key] = (shares.get(key, 0) + share) % wsum.MODULUS
         return shares, sent
 
@@ -345,7 +345,9 @@ class WeightResharder:
                 # twice, and the buffer is unlinked under the next bucket.
                 values += [MultiprocessingSerializer.serialize(view) for _ in range(self.plan.engine_tp - 1)]
             named.append((name, LocalSerializedTensor(values=values)))
-        load_format = None if self.plan.shared else self.load_format
+        # Row ranges of a parameter split over buckets need the loader that writes into a slice.
+        split = any(rp.by_name[name].param is not None for name in self.plan.buckets[b] for rp in ranks)
+        load_format = None if self.plan.shared else engine_side.LOAD_COUNTED if split else self.load_format
         # The last load flushes the KV/prefix cache in the scheduler (engine.flush_cache() would also run a
         # full gc.collect() there on CPU: ~0.4 s).
         self._call(f"load of bucket {b}", "update_weights_from_tensor", named, load_format=load_format,
@@ -387,7 +389,7 @@ class WeightResharder:
         reports = self.probe_engine(checksums=False)
         for rp, report in zip(self.plan.engines[self.engine_index], reports):
             engine_params = {n: tuple(p["shape"]) for n, p in report["params"].items()}
-            planned = {t.name: tuple(t.shape) for t in rp.targets}
+            planned = {name: tuple(shape) for name, shape in rp.param_shapes.items()}
             for name in sorted(set(engine_params) | set(planned)):
                 if engine_params.get(name) != planned.get(name):
                     raise ValueError(f"engine rank {rp.rank}: parameter {name!r} has shape {engine_params.get(name)} "
@@ -397,17 +399,20 @@ class WeightResharder:
     def _verify(self, expected: dict):
         e = self.engine_index
         reports = self.last_engine_reports = self.probe_engine(checksums=True)
-        for b, names in enumerate(self.plan.buckets):
-            for rp in self.plan.engines[e]:
-                report = reports[rp.rank]
-                if report["errors"]:
-                    raise WeightVerifyError(f"engine rank {rp.rank} rejected tensors: {report['errors'][:3]}")
-                if self.plan.shared:
-                    continue  # HF names: SGLang's loader fused them; the outputs are compared by tests
-                want = {n: wsum.combine(expected.get((e, rp.rank, n), [])) for n in names}
-                got = {n: report["params"][n]["checksum"] for n in names}
-                if wsum.combine(want.values()) != wsum.combine(got.values()) or want != got:
-                    bad = [n for n in names if want[n] != got[n]]
+        for rp in self.plan.engines[e]:
+            report = reports[rp.rank]
+            if report["errors"]:
+                raise WeightVerifyError(f"engine rank {rp.rank} rejected tensors: {report['errors'][:3]}")
+            if self.plan.shared:
+                continue  # HF names: SGLang's loader fused them; the outputs are compared by tests
+            for b, names in enumerate(self.plan.buckets):
+                # A parameter sent in row ranges is checked whole, at its last range's bucket.
+                params = [t.param_name for t in map(rp.by_name.get, names)
+                          if t.param is None or t.row_offset + t.shape[0] == t.param_rows]
+                want = {n: wsum.combine(expected.get((e, rp.rank, n), [])) for n in params}
+                got = {n: report["params"][n]["checksum"] for n in params}
+                if want != got:
+                    bad = [n for n in params if want[n] != got[n]]
                     raise WeightVerifyError(f"bucket {b}: engine {e} rank {rp.rank} holds different weights than "
                                             f"the trainer sent for {bad}")
 

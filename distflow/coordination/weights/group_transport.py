@@ -84,9 +84,9 @@ class GroupTransport:
                     dst.copy_(buffer[at:at + piece.numel].view(dst.shape))
                     at += piece.numel
                     if verify:
-                        key = (e, r, target.name)
-                        shares[key] = (shares.get(key, 0) + wsum.region_checksum(dst, target.shape, piece.dst)) \
-                            % wsum.MODULUS
+                        key = (e, r, target.param_name)
+                        share = wsum.region_checksum(dst, target.param_shape, target.in_param(piece.dst))
+                        shares[key] = (shares.get(key, 0) + share) % wsum.MODULUS
         return shares
 
 

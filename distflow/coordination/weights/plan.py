@@ -14,7 +14,8 @@ expert-DP replica e % edp, from the expert-parallel rank that owns the expert), 
 different replicas where there are several; a tensor every TP rank holds (norms) is sent by the engine
 rank's own host when that rank holds it, else by the least-loaded TP rank. Tensors are ordered so that
 each bucket draws on every pipeline stage in proportion to its bytes (the stages write in parallel). A
-tensor larger than the bound gets a bucket of its own.
+parameter larger than the bound is sent as row ranges (split_rows), so every bucket stays within it (HF
+fallback: SGLang's loader takes whole tensors, so a larger one gets a bucket of its own).
 """
 from collections import defaultdict
 from dataclasses import dataclass
@@ -46,16 +47,35 @@ class Piece:
 
 @dataclass(frozen=True)
 class Target:
-    """One tensor an engine rank receives; regions no piece covers are zero (vocabulary padding)."""
+    """One tensor an engine rank receives; regions no piece covers are zero (vocabulary padding).
+
+    A parameter larger than the bucket bound travels as several targets, each rows [row_offset, row_offset +
+    shape[0]) of engine parameter `param` (named `param[a:b]`), so that no bucket exceeds the bound."""
 
     name: str
     shape: tuple[int, ...]
     pieces: tuple[Piece, ...]
     stage: int
+    param: str | None = None
+    """The engine parameter this target is rows of (None: the whole parameter `name`)."""
+    row_offset: int = 0
+    param_rows: int | None = None
 
     @property
     def numel(self) -> int:
         return volume(full_region(self.shape))
+
+    @property
+    def param_name(self) -> str:
+        return self.param or self.name
+
+    @property
+    def param_shape(self) -> tuple[int, ...]:
+        return self.shape if self.param_rows is None else (self.param_rows,) + tuple(self.shape[1:])
+
+    def in_param(self, region: Region) -> Region:
+        """A region of this target as a region of its engine parameter (for checksums of the whole)."""
+        return ((region[0][0] + self.row_offset, region[0][1]),) + tuple(region[1:])
 
     @property
     def padding_rows(self) -> tuple[int, int] | None:
@@ -83,6 +103,11 @@ class EngineRankPlan:
     @cached_property
     def by_name(self) -> dict[str, Target]:
         return {t.name: t for t in self.targets}
+
+    @cached_property
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Engine parameter -> its shape (a parameter split into row ranges appears once)."""
+        return {t.param_name: t.param_shape for t in self.targets}
 
 
 @dataclass(frozen=True)
@@ -208,7 +233,8 @@ def plan_weight_sync(spec, hf_config, train: ParallelLayout, placement: Placemen
                         piece = Piece(src, part.name, part.src, dst)
                         load[src] += piece.numel
                         pieces.append(piece)
-                targets.append(Target(ts.name, ts.shape, tuple(pieces), stage if stage is not None else 0))
+                whole = Target(ts.name, ts.shape, tuple(pieces), stage if stage is not None else 0)
+                targets += [whole] if mode == HF else split_rows(whole, bucket_bytes // element_size)
             ranks.append(EngineRankPlan(engine=e, rank=r, host=hosts[r], targets=tuple(targets)))
         engines.append(tuple(ranks))
     owners = tuple(placement.engine_ranks(e)[0] for e in range(placement.num_engines))
@@ -225,6 +251,41 @@ def _place(seg, part) -> tuple:
     return seg.dst[:lead] + tuple((d0 + o, n) for (d0, _), o, n in zip(seg.dst[lead:], part.offset, part.extent))
 
 
+def split_rows(target: Target, max_numel: int) -> list[Target]:
+    """`target` as consecutive row ranges of at most max_numel elements each (at least one row: a single row
+    larger than the bound travels alone). Each piece is cut at the range's edges; the names depend only on
+    the shape, so they are the same on every engine rank."""
+    row = target.numel // target.shape[0] if target.shape and target.shape[0] else 0
+    if target.numel <= max_numel or row == 0:
+        return [target]
+    per = max(1, max_numel // row)
+    rows = target.shape[0]
+    out = []
+    for first in range(0, rows, per):
+        n = min(per, rows - first)
+        pieces = tuple(cut for p in target.pieces if (cut := _cut_rows(p, first, n)) is not None)
+        out.append(Target(f"{target.name}[{first}:{first + n}]", (n,) + tuple(target.shape[1:]), pieces,
+                          target.stage, param=target.name, row_offset=first, param_rows=rows))
+    return out
+
+
+def _cut_rows(piece: Piece, first: int, n: int) -> Piece | None:
+    """The part of `piece` that lands in target rows [first, first + n), placed relative to `first`; None if
+    none does. Where the destination has a leading dimension the source lacks (one expert of a stacked
+    tensor), the piece is one row and lies wholly inside or outside."""
+    (d0, dn), rest = piece.dst[0], piece.dst[1:]
+    lo, hi = max(first, d0), min(first + n, d0 + dn)
+    if lo >= hi:
+        return None
+    src = piece.src
+    if len(piece.dst) == len(src):  # target rows are source rows
+        (s0, _), src_rest = src[0], src[1:]
+        src = ((s0 + lo - d0, hi - lo),) + src_rest
+    else:
+        assert dn == 1, f"{piece}: a leading destination dimension of more than one row"
+    return Piece(piece.src_rank, piece.src_name, src, ((lo - first, hi - lo),) + rest)
+
+
 def _buckets(engines, bucket_bytes: int, element_size: int, stages: int) -> tuple[tuple[str, ...], ...]:
     """Target names in buckets whose bytes per engine rank stay within bucket_bytes, each bucket drawing on
     every pipeline stage in proportion to its share (the next name comes from the stage that is furthest
@@ -237,6 +298,11 @@ def _buckets(engines, bucket_bytes: int, element_size: int, stages: int) -> tupl
                 size[t.name] = max(size[t.name], t.numel * element_size)
                 stage_of[t.name] = t.stage
     order = [t.name for t in engines[0][0].targets]
+    for ranks in engines:
+        for plan in ranks:
+            if [t.name for t in plan.targets] != order:
+                raise ValueError(f"engine {plan.engine} rank {plan.rank} receives other tensors than engine 0 rank 0 "
+                                 "(its parameters' shapes differ): one bucket order cannot serve both")
     queues = {s: [n for n in order if stage_of[n] == s] for s in range(stages)}
     totals = {s: sum(size[n] for n in q) or 1 for s, q in queues.items()}
     done = {s: 0 for s in queues}

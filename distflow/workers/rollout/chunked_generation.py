@@ -25,7 +25,7 @@ def generate_claimed_chunks(engine, board, seed_of_home, budget_tokens: int, **s
 
     seed_of_home(home engine) -> the call seed of that home's partition (seed_of_home None: unseeded), so a
     sample's seed does not depend on the engine that generates it. `sampling`: sglang_engine.generate's n,
-    temperature, top_p, top_k, max_new_tokens, stop_token_ids. Engine death: EngineDiedError.
+    temperature, top_p, top_k, max_new_tokens, stop_token_ids, stop. Engine death: EngineDiedError.
     """
     peak = 0
     # Unseeded samples do not depend on their batch mates' seeds; seeded ones may (see the module doc).

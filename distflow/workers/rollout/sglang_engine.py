@@ -195,9 +195,12 @@ def _check_extra_args(extra_args: dict) -> dict:
 
 def generate(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
              top_k: int = -1, max_new_tokens: int = 128, stop_token_ids: list[int] | None = None,
-             seed: int | None = None, first_prompt_index: int = 0) -> list[RolloutSample]:
+             stop: list[str] | None = None, seed: int | None = None,
+             first_prompt_index: int = 0) -> list[RolloutSample]:
     """Samples `n` responses per prompt; returns len(prompt_ids) * n samples, prompt-major.
 
+    `stop`: stop strings; a sample that produces one ends there with finish reason "stop", and keeps the
+    tokens that spelled it (they were sampled, so training sees them).
     Log-probs are SGLang's rollout log-probs: log-softmax of logits / temperature (top-p/top-k do not
     renormalise them); temperature 0 is greedy, with log-probs of the unscaled logits.
     `seed` gives every sample its own SGLang `sampling_seed`, which SGLang honours only on engines started
@@ -214,20 +217,20 @@ def generate(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float
     engine whose last weight update did not complete (engine_state).
     """
     version, requests, kwargs = _prepare(engine, prompt_ids, n, temperature, top_p, top_k, max_new_tokens,
-                                         stop_token_ids, seed, first_prompt_index)
+                                         stop_token_ids, stop, seed, first_prompt_index)
     outputs = engine_health.call(engine, "generate", engine.generate, **kwargs)
     return [_to_sample(i, out, version) for (i, _), out in zip(requests, outputs)]
 
 
 async def generate_async(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float = 1.0,
                          top_p: float = 1.0, top_k: int = -1, max_new_tokens: int = 128,
-                         stop_token_ids: list[int] | None = None, seed: int | None = None,
-                         first_prompt_index: int = 0) -> list[RolloutSample]:
+                         stop_token_ids: list[int] | None = None, stop: list[str] | None = None,
+                         seed: int | None = None, first_prompt_index: int = 0) -> list[RolloutSample]:
     """`generate` as a coroutine on the engine's event loop (SGLang's `async_generate`), so several calls can
     be in flight at once. The caller runs the loop through engine_health.call (which turns an engine death
     into EngineDiedError)."""
     version, requests, kwargs = _prepare(engine, prompt_ids, n, temperature, top_p, top_k, max_new_tokens,
-                                         stop_token_ids, seed, first_prompt_index)
+                                         stop_token_ids, stop, seed, first_prompt_index)
     outputs = await engine.async_generate(**kwargs)
     return [_to_sample(i, out, version) for (i, _), out in zip(requests, outputs)]
 
@@ -240,7 +243,7 @@ def sampling_depends_on_batch(engine) -> bool:
     return seeded_sampling.processor_for(engine) is not None
 
 
-def _prepare(engine, prompt_ids, n, temperature, top_p, top_k, max_new_tokens, stop_token_ids, seed,
+def _prepare(engine, prompt_ids, n, temperature, top_p, top_k, max_new_tokens, stop_token_ids, stop, seed,
              first_prompt_index):
     """(weight version, [(prompt index, sample index)], keyword arguments of SGLang's generate) for a call."""
     monitor = engine_health.monitor_of(engine)
@@ -257,6 +260,8 @@ def _prepare(engine, prompt_ids, n, temperature, top_p, top_k, max_new_tokens, s
         p = dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)
         if stop_token_ids:
             p["stop_token_ids"] = list(stop_token_ids)
+        if stop:  # SGLang matches them on the detokenized tail; the matching tokens stay in the response
+            p["stop"] = list(stop)
         if seed is not None:
             p["sampling_seed"] = (seed * 1_000_003 + i * n + j) % 2**63
             if processor is not None:

@@ -99,7 +99,8 @@ class RolloutWorker:
             sglang_engine.resume_memory(self.engine)
             self.released = False
         sampling = dict(n=n, temperature=0.0 if greedy else r.temperature, top_p=r.top_p, top_k=r.top_k,
-                        max_new_tokens=r.max_new_tokens, stop_token_ids=sorted({eos_token_id, *r.stop_token_ids}))
+                        max_new_tokens=r.max_new_tokens, stop_token_ids=sorted({eos_token_id, *r.stop_token_ids}),
+                        stop=list(r.stop))
         if balance and self.num_engines > 1:
             outs = self._generate_chunks(prompts, greedy, sampling)
         else:

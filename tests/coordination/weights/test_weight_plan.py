@@ -72,12 +72,13 @@ def megatron_shards(spec, cfg, hf, train: ParallelLayout) -> dict[int, dict[str,
 
 
 def assemble(plan, engine, rank, shards, dtype=torch.float32):
+    """Every engine parameter of one engine rank, written from the plan's pieces (row ranges of a parameter
+    the plan split over buckets land at their offsets)."""
     out = {}
     for t in plan.engines[engine][0 if plan.shared else rank].targets:
-        buf = torch.zeros(t.shape, dtype=dtype)
+        buf = out.setdefault(t.param_name, torch.zeros(t.param_shape, dtype=dtype))
         for p in t.pieces:
-            narrow(buf, p.dst).copy_(narrow(shards[p.src_rank][p.src_name], p.src))
-        out[t.name] = buf
+            narrow(buf, t.in_param(p.dst)).copy_(narrow(shards[p.src_rank][p.src_name], p.src))
     return out
 
 
@@ -269,15 +270,30 @@ def test_replicas_share_the_sending_and_stages_send_in_parallel():
 def test_buckets_respect_the_bound_and_cover_every_tensor_once():
     spec, cfg = LLAMA, config("LlamaForCausalLM")
     train = ParallelLayout.for_world(2, tp=2)
-    bound = 8192
+    bound = 1024  # below the embedding's (160 x 32 x 2 B per engine rank) and the MLP's sizes
     plan = wplan.plan_weight_sync(spec, cfg, train, Placement.create("colocated", 2, 2), bucket_bytes=bound,
                                   element_size=2)
     names = [n for b in plan.buckets for n in b]
     assert sorted(names) == sorted(t.name for t in plan.engines[0][0].targets)
     for b in range(len(plan.buckets)):
         for r in range(2):
-            sizes = [t.numel * 2 for t in plan.bucket_targets(b, 0, r)]
-            assert sum(sizes) <= bound or len(sizes) == 1
+            assert sum(t.numel * 2 for t in plan.bucket_targets(b, 0, r)) <= bound
+    embed = [t for t in plan.engines[0][1].targets if t.param_name == "model.embed_tokens.weight"]
+    # 16 rows of 32 elements (1 KiB) per range; padding rows 140..159 stay zero-filled in the last two
+    assert [(t.name, t.row_offset, t.shape) for t in embed[:2]] == [
+        ("model.embed_tokens.weight[0:16]", 0, (16, 32)), ("model.embed_tokens.weight[16:32]", 16, (16, 32))]
+    assert [t.padding_rows for t in embed[-3:]] == [None, (12, 4), (0, 16)]
+    assert plan.engines[0][1].param_shapes["model.embed_tokens.weight"] == (160, 32)
+
+
+def test_a_row_larger_than_the_bound_travels_alone():
+    """Stacked experts [E, 2f, h] are cut between experts; one expert above the bound is a range of one row."""
+    spec, cfg = MIXTRAL, moe_config("MixtralForCausalLM")
+    plan = wplan.plan_weight_sync(spec, cfg, ParallelLayout.for_world(2, ep=2), Placement.create("colocated", 2, 1),
+                                  bucket_bytes=4 * 96 * 32 - 4, element_size=4)  # one expert's w13: 2 x 48 rows
+    w13 = [t for t in plan.engines[0][0].targets if t.param_name == "model.layers.0.block_sparse_moe.experts.w13_weight"]
+    assert [t.shape for t in w13] == [(1, 96, 32)] * 4
+    assert [len(t.pieces) for t in w13] == [2] * 4  # gate rows and up rows of one expert, from its EP owner
 
 
 def test_megatron_vocab_padding_differs_from_sglangs():

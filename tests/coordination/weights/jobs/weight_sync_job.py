@@ -185,7 +185,7 @@ def run_case(case, model_dir, out_dir, engine, engine_tp):
         def corrupt(b):
             if b == len(plan.buckets) - 1 and rank == 0:
                 name = "model.layers.0.mlp.down_proj.weight"
-                shape = plan.engines[0][0].by_name[name].shape
+                shape = plan.engines[0][0].param_shapes[name]
                 engine.update_weights_from_tensor([(name, torch.ones(shape))], load_format="direct")
 
         resharder.on_bucket = corrupt
