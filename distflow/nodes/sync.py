@@ -46,7 +46,7 @@ def _sync_resharded(ctx) -> dict:
         resharder.version = rollout.weight_version  # a resumed run counts on from its checkpoint
         if ctx.rank == 0:
             print(resharder.plan.describe(), flush=True)
-    rollout.make_resident()
+    rollout.make_resident(only=("weights",))  # the KV cache comes back at generation, after the staging
     # The parameters again: an optimizer may have replaced their storage since the last sync.
     stats = resharder.sync(megatron_tensors(actor.chunks, actor.config) if actor is not None else None)
     rollout.weights_synced(stats.version)

@@ -6,8 +6,8 @@ Memory is estimated per phase of a step, on the worst pipeline stage of each rol
 two roles peak on different stages), because colocated ranks hold different things at different times:
 while engines generate, the Megatron roles' model states stay resident (unless offloaded) and the engine
 sizes its KV pool from what is left; while a role trains, its activations come on top and the engines
-have released their memory
-(rollout.release_memory_in_training).
+have released their memory (rollout.release_memory_in_training); for the weight sync a released engine
+resumes only its weights, and the sync's staging buffers come on top.
 """
 import math
 from dataclasses import dataclass, field
@@ -153,8 +153,13 @@ def _phases(plan: Plan, colocated: bool) -> list[Phase]:
         parts = [("engine weights + KV pool", plan.engine.static_total)]
     where = train_where if colocated else "rollout ranks"
     phases.append(Phase("generate", where, tuple(parts)))
-    # The engine is resumed whole before the sync, so its staging buffers come on top of everything above.
-    phases.append(Phase("sync_weights", where, tuple(parts) + (("sync staging", plan.reshard.staging_bytes),)))
+    # A released engine resumes only its weights for the sync (the KV cache returns at generation).
+    staging = ("sync staging", plan.reshard.staging_bytes)
+    if colocated and r.release_memory_in_training:
+        sync_parts = tuple(parts[:-1]) + (("engine weights", plan.engine.weights), staging)
+    else:
+        sync_parts = tuple(parts) + (staging,)
+    phases.append(Phase("sync_weights", where, sync_parts))
     for role in TRAINING_ROLES:
         if role not in plan.roles:
             continue

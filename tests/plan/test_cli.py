@@ -43,8 +43,11 @@ def test_sync_staging_over_memory_warns(capsys):
             "--gpu-memory-gb", "80", "--model-config", QWEN7B)
     _, out, _ = plan(capsys, *args)
     staging = next(line for line in out.splitlines() if line.startswith("phase sync_weights"))
-    assert "sync staging 1.0" in staging and staging.endswith("ok"), staging  # 2 x 512 MiB
+    # 2 x 512 MiB; the released engine resumes its weights only, the KV pool waits for generation
+    assert "engine weights 7.1 + sync staging 1.0 = 40.0" in staging and staging.endswith("ok"), staging
     _, out, _ = plan(capsys, *args, "sync.bucket_mb=8192")  # 2 x 7.1 GiB: the whole slice, twice
+    assert "WARNING" not in out, out
+    _, out, _ = plan(capsys, *args, "sync.bucket_mb=8192", "rollout.release_memory_in_training=false")
     assert "WARNING: the weight sync needs" in out and "lower sync.bucket_mb" in out, out
 
 

@@ -131,6 +131,17 @@ def test_release_and_resume_memory(started):
     assert greedy(started["engine"])
 
 
+def test_weights_resume_alone_for_a_sync_then_the_rest(started, tiny_qwen2):
+    """The colocated sync's order: release everything, resume the weights, load, then the KV cache and graphs."""
+    engine = started["engine"]
+    before = greedy(engine)
+    release_memory(engine)
+    resume_memory(engine, ["weights"])
+    update_weights_from_tensors(engine, sorted(load_file(tiny_qwen2 / "model.safetensors").items()))
+    resume_memory(engine, ["kv_cache", "cuda_graph"])
+    assert greedy(engine) == before
+
+
 def test_tp2_matches_tp1(started, tiny_qwen2):
     tp1 = greedy(started["engine"])
     engine = start_engine(tiny_qwen2, tp=2, seed=0)

@@ -313,14 +313,20 @@ def _updating(engine, version: int | None, what: str):
         state.version = version
 
 
-def release_memory(engine) -> None:
-    """Frees the engine's weights and KV cache while training runs (a no-op on CPU, same call path)."""
-    engine.release_memory_occupation()
+ENGINE_MEMORY = ("weights", "kv_cache", "cuda_graph")
+"""What SGLang can release (its GPU_MEMORY_ALL_TYPES), named as its release/resume calls take them."""
 
 
-def resume_memory(engine) -> None:
-    """Undoes `release_memory`; push weights afterwards, the released weights are not restored."""
-    engine.resume_memory_occupation()
+def release_memory(engine, tags: list[str] | None = None) -> None:
+    """Frees the engine's weights, KV cache and CUDA graphs (or only `tags` of ENGINE_MEMORY) while training
+    runs (a no-op on CPU, same call path)."""
+    engine.release_memory_occupation(tags=list(tags) if tags else None)
+
+
+def resume_memory(engine, tags: list[str] | None = None) -> None:
+    """Undoes `release_memory` for `tags` (default: all); push weights afterwards, released weights are not
+    restored. Resuming "weights" alone before a weight sync keeps the KV cache out of the sync's peak."""
+    engine.resume_memory_occupation(tags=list(tags) if tags else None)
 
 
 def shutdown_engine(engine, timeout_s: float = 30) -> None:

@@ -52,7 +52,7 @@ class RolloutWorker:
         self.engine = None
         self.weight_version = 0
         self.resharder = None  # the sync node's WeightResharder, built at the first sync
-        self.released = False  # colocated: engine memory handed to training between generations
+        self.released: set[str] = set()  # colocated: engine memory (ENGINE_MEMORY tags) lent to training
         # Releasing memory frees GPU memory for training; on CPU SGLang has nothing to release (its calls
         # are no-ops there) and asserts if a finishing request is still in flight, so it is skipped.
         # Disaggregated engines have their devices to themselves: nothing to release.
@@ -95,9 +95,7 @@ class RolloutWorker:
 
         r = self.cfg.rollout
         n = n or (1 if greedy else r.n)
-        if self.released:  # SGLang refuses to resume what it never released
-            sglang_engine.resume_memory(self.engine)
-            self.released = False
+        self.make_resident()
         sampling = dict(n=n, temperature=0.0 if greedy else r.temperature, top_p=r.top_p, top_k=r.top_k,
                         max_new_tokens=r.max_new_tokens, stop_token_ids=sorted({eos_token_id, *r.stop_token_ids}),
                         stop=list(r.stop))
@@ -108,7 +106,7 @@ class RolloutWorker:
                                           seed=self.sampling_seed(self.engine_index, greedy), **sampling)
         if self.release_between_steps:
             sglang_engine.release_memory(self.engine)
-            self.released = True
+            self.released = set(sglang_engine.ENGINE_MEMORY)
         base = self.engine_index * ID_STRIDE
         ids, groups, tokens, masks, logprobs = [], [], [], [], []
         self.infos = {}
@@ -163,17 +161,20 @@ class RolloutWorker:
         from distflow.workers.rollout import sglang_engine
 
         if self.owner:
-            self.make_resident()
+            self.make_resident(only=("weights",))
             sglang_engine.update_weights_from_tensors(self.engine, named_tensors, version=self.weight_version + 1)
         self.weight_version += 1
 
-    def make_resident(self) -> None:
-        """Owners: brings released engine memory back; weights can only be written into resident memory."""
-        if self.owner and self.released:
+    def make_resident(self, only: tuple[str, ...] | None = None) -> None:
+        """Owners: brings released engine memory back (all of it, or the tags in `only`). Weights can only be
+        written into resident memory; a sync resumes only them, so that the KV cache returns after the sync's
+        staging buffers are gone. SGLang refuses to resume what it never released."""
+        tags = self.released if only is None else self.released & set(only)
+        if self.owner and tags:
             from distflow.workers.rollout import sglang_engine
 
-            sglang_engine.resume_memory(self.engine)
-            self.released = False
+            sglang_engine.resume_memory(self.engine, sorted(tags))
+            self.released -= tags
 
     def weights_synced(self, version: int) -> None:
         """Called on every rank after a completed sync (the resharder versions the engine itself)."""
