@@ -38,7 +38,7 @@ def main(argv=None):
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--engine-tp", type=int, default=1)
-    parser.add_argument("--bucket-mb", type=int, default=64)
+    parser.add_argument("--bucket-mb", type=float, default=64)
     parser.add_argument("--transport", default="auto", choices=["auto", "shared_memory", "process_group"],
                         help="sync.transport of the resharder: process_group sends every piece another rank "
                              "hosts over a gloo group, as between nodes")
@@ -87,7 +87,7 @@ def worker(args):
     placement = Placement(kind="colocated", world_size=world, train_ranks=tuple(range(world)),
                           rollout_ranks=tuple(range(args.engine_tp)), engine_tp=args.engine_tp)
     local = local_shards(spec, checkpoint, train, rank)
-    plan = plan_weight_sync(spec, cfg, train, placement, bucket_bytes=args.bucket_mb * 2**20, element_size=4)
+    plan = plan_weight_sync(spec, cfg, train, placement, bucket_bytes=int(args.bucket_mb * 2**20), element_size=4)
     resharder = WeightResharder(plan, local, engine=engine, transport=args.transport)
 
     results = {}

@@ -126,7 +126,8 @@ class RolloutConfig:
 
 @dataclass
 class SyncConfig:
-    bucket_mb: int = option(512, "Size bound of one weight-sync bucket, in MB.")
+    bucket_mb: float = option(512, "Size bound of one weight-sync bucket, in MiB (a larger parameter travels "
+                                   "as row ranges).")
     verify: bool = option(False, "After each sync, compare per-bucket checksums of engine and trainer weights.")
     method: Literal["auto", "reshard", "full"] = option(
         "auto", "auto: the layout-aware resharder (each engine rank receives its own shards where the family has "

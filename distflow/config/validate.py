@@ -57,7 +57,8 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
         raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
     if r.temperature < 0:
         raise ConfigError(f"rollout.temperature={r.temperature} must be >= 0")
-    _positive("sync.bucket_mb", cfg.sync.bucket_mb)
+    if not cfg.sync.bucket_mb * 2**20 >= 1024:
+        raise ConfigError(f"sync.bucket_mb={cfg.sync.bucket_mb} must be at least 1 KiB (0.001 MiB)")
     _positive("data.train_batch_size", cfg.data.train_batch_size)
     if cfg.algorithm.adv_estimator == "gae" and not cfg.critic.enable:
         raise ConfigError("algorithm.adv_estimator=gae needs a critic: set critic.enable=true")

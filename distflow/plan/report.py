@@ -180,7 +180,7 @@ def _check(plan: Plan, colocated: bool, runnable_pipelines) -> None:
     for phase in plan.phases:
         if phase.name == "sync_weights" and phase.total > gpu:
             w.append(f"the weight sync needs {phase.total / GiB:.1f} GiB per GPU on {phase.where} (its staging: two "
-                     f"buckets of sync.bucket_mb={cfg.sync.bucket_mb} MiB), over the GPU's {gpu / GiB:.0f} GiB: "
+                     f"buckets of sync.bucket_mb={cfg.sync.bucket_mb:g} MiB), over the GPU's {gpu / GiB:.0f} GiB: "
                      "lower sync.bucket_mb or rollout.mem_fraction_static")
         if phase.name.startswith("train_") and phase.total > gpu:
             m = plan.roles[phase.name[len("train_"):]]
@@ -318,7 +318,7 @@ def render(plan: Plan) -> str:
             f"{d.mini_batches * d.ppo_epochs} optimizer step(s); <= {d.micro_batches} micro-batches of "
             f"{d.tokens_per_micro_batch} tokens per mini-batch per DP rank"]
 
-    out += ["", f"== weight sync (bf16, sync.bucket_mb={cfg.sync.bucket_mb} MiB)",
+    out += ["", f"== weight sync (bf16, sync.bucket_mb={cfg.sync.bucket_mb:g} MiB)",
             f"one model copy {_gib(s.model_bytes)} GiB = {s.model_buckets} buckets; {s.num_engines} engine(s) need "
             f"{_gib(s.total_bytes)} GiB in all",
             f"each training rank sends <= {_gib(s.send_bytes)} GiB ({s.sender_buckets} buckets; busiest: pipeline "

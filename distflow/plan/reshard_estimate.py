@@ -55,7 +55,7 @@ class ReshardEstimate:
         return max(self.send_bytes, self.recv_bytes) / self.bandwidth_bytes_s
 
 
-def estimate_reshard(arch: ModelArch, actor: ParallelLayout, num_engines: int, engine_tp: int, bucket_mb: int,
+def estimate_reshard(arch: ModelArch, actor: ParallelLayout, num_engines: int, engine_tp: int, bucket_mb: float,
                      bandwidth_gbps: float) -> ReshardEstimate:
     """bandwidth_gbps: per-GPU link bandwidth in Gbit/s (e.g. 400 for one NDR InfiniBand NIC per GPU);
     bucket_mb: sync.bucket_mb, in MiB."""
@@ -70,4 +70,4 @@ def estimate_reshard(arch: ModelArch, actor: ParallelLayout, num_engines: int, e
             send, stage_of_max = stage_send, stage
     return ReshardEstimate(model_bytes=SYNC_BYTES * arch.total_params, num_engines=num_engines, send_bytes=send,
                            send_stage=stage_of_max, recv_bytes=SYNC_BYTES * engine_params_per_gpu(arch, engine_tp),
-                           bucket_bytes=bucket_mb * 2 ** 20, bandwidth_bytes_s=bandwidth_gbps * 1e9 / 8)
+                           bucket_bytes=int(bucket_mb * 2 ** 20), bandwidth_bytes_s=bandwidth_gbps * 1e9 / 8)

@@ -63,6 +63,7 @@ def test_wrong_type_names_the_key(override, message):
     (["algorithm.adv_estimator=gae"], r"set critic\.enable=true"),
     (["tracking.backends=[console,mlflow]"], r"tracking\.backends\[1\]='mlflow'"),
     (["actor.tp=0"], r"actor\.tp=0 must be >= 1"),
+    (["sync.bucket_mb=0.0001"], r"sync\.bucket_mb=0\.0001 must be at least 1 KiB"),
 ])
 def test_cross_field_checks(overrides, message):
     with pytest.raises(ConfigError, match=message):

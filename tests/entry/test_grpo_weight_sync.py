@@ -1,5 +1,6 @@
 """The trainer's weight sync end to end: 3 GRPO steps of `distflow.train` on 2 CPU processes (actor TP=2, one
-SGLang engine per rank), weights pushed by the layout-aware resharder after the warm-up and after every step.
+SGLang engine per rank), weights pushed by the layout-aware resharder after the warm-up and after every step,
+in buckets small enough that the larger parameters are split into row ranges.
 
 At every step the actor's recomputed log-probs equal the engine's rollout log-probs (<= 1e-3): the engine
 served exactly the actor's current weights, which after step 1 only the sync can have put there. Every
@@ -20,7 +21,9 @@ def test_resharded_weights_equal_the_actor_at_every_step(tmp_path):
     log = torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[
         "examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}",
         f"data.train_files=[{data}/train.parquet]", "data.val_files=[]", "trainer.total_steps=3",
-        "trainer.sft_warmup_steps=2", "data.train_batch_size=8", "sync.method=auto"])
+        "trainer.sft_warmup_steps=2", "data.train_batch_size=8", "sync.method=auto",
+        # 20 KiB buckets: the embedding and MLP weights travel as row ranges, as large models' do at 512 MiB
+        "sync.bucket_mb=0.02"])
     rows = metrics_rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for step, row in enumerate(rows, start=1):
@@ -31,5 +34,6 @@ def test_resharded_weights_equal_the_actor_at_every_step(tmp_path):
         assert row["sync/bytes"] > 0 and 0 < row["sync/busiest_rank_bytes"] < row["sync/bytes"], row
         assert row["sync/seconds"] > 0 and row["sync/gbps"] > 0, row
     assert "weight sync (shards)" in log  # each engine rank received its own shards
+    assert all(row["sync/buckets"] > 10 for row in rows), rows
     for engine in (0, 1):
         assert (out / "engine_logs" / f"engine{engine}.log").stat().st_size > 0

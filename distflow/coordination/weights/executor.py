@@ -9,7 +9,8 @@ that the bucket is complete (one all_gather of small status objects, which also 
 checksum shares and, from each engine rank's host, handles to that rank's views of the bucket), and the
 engine owner hands SGLang one `LocalSerializedTensor` per tensor whose entry r is engine rank r's view, its
 handle made on rank r's own node (`load_format="direct"`: each scheduler copies its own view into its own
-parameter; so an engine spanning nodes loads the same way). Buckets alternate between the two buffers, so ranks fill bucket b+1 while the
+parameter; so an engine spanning nodes loads the same way; row ranges of a parameter larger than a bucket
+go through engine_side.load_counted, which writes them into the parameter's rows). Buckets alternate between the two buffers, so ranks fill bucket b+1 while the
 owner loads bucket b. The whole sync is one begin/end_weight_update session; the last load flushes the
 engine's KV/prefix cache.
 
@@ -32,6 +33,7 @@ import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 import torch.distributed as dist
@@ -124,7 +126,7 @@ class WeightResharder:
         """The resharder for a MegatronWorker's model (every rank of the placement calls this or, on a rank
         without the worker, for_rollout_rank)."""
         plan = plan_weight_sync(worker.spec, worker.checkpoint.config, worker.layout, placement,
-                                bucket_bytes=sync_cfg.bucket_mb * 2**20,
+                                bucket_bytes=int(sync_cfg.bucket_mb * 2**20),
                                 element_size=DTYPES[engine_dtype].itemsize, mode=mode,
                                 padded_vocab=worker.chunks[0].vocab_size, engine_device=worker.device.type)
         return cls(plan, megatron_tensors(worker.chunks, worker.config), engine=engine,
@@ -141,7 +143,8 @@ class WeightResharder:
         from distflow.models.registry import spec_for
 
         config = HFCheckpoint(model_path).config
-        plan = plan_weight_sync(spec_for(config), config, layout, placement, bucket_bytes=sync_cfg.bucket_mb * 2**20,
+        plan = plan_weight_sync(spec_for(config), config, layout, placement,
+                                bucket_bytes=int(sync_cfg.bucket_mb * 2**20),
                                 element_size=DTYPES[engine_dtype].itemsize, mode=mode, engine_device=engine_device)
         return cls(plan, {}, engine=engine, engine_dtype=DTYPES[engine_dtype], verify=sync_cfg.verify,
                    transport=sync_cfg.transport, **kwargs)
@@ -357,6 +360,20 @@ class WeightResharder:
         self._call("end_weight_update", "end_weight_update")
         if self.verify:
             self._verify(expected)
+        elif self._counted_loads:
+            # The counted loader records what it could not load (raising would kill the scheduler): report it.
+            self._raise_load_errors(self.probe_engine(checksums=False))
+
+    @cached_property
+    def _counted_loads(self) -> bool:
+        """Whether this engine's loads go through engine_side.load_counted (always for split parameters)."""
+        return not self.plan.shared and (self.load_format == engine_side.LOAD_COUNTED or any(
+            t.param is not None for rp in self.plan.engines[self.engine_index] for t in rp.targets))
+
+    def _raise_load_errors(self, reports: list[dict]):
+        for rp, report in zip(self.plan.engines[self.engine_index], reports):
+            if report["errors"]:
+                raise WeightVerifyError(f"engine rank {rp.rank} rejected tensors: {report['errors'][:3]}")
 
     def _abort(self, reason: str):
         """After a failure: the engine stays stale; close its weight-update session unless it is dead."""
@@ -399,12 +416,11 @@ class WeightResharder:
     def _verify(self, expected: dict):
         e = self.engine_index
         reports = self.last_engine_reports = self.probe_engine(checksums=True)
+        self._raise_load_errors(reports)
+        if self.plan.shared:
+            return  # HF names: SGLang's loader fused them; the outputs are compared by tests
         for rp in self.plan.engines[e]:
             report = reports[rp.rank]
-            if report["errors"]:
-                raise WeightVerifyError(f"engine rank {rp.rank} rejected tensors: {report['errors'][:3]}")
-            if self.plan.shared:
-                continue  # HF names: SGLang's loader fused them; the outputs are compared by tests
             for b, names in enumerate(self.plan.buckets):
                 # A parameter sent in row ranges is checked whole, at its last range's bucket.
                 params = [t.param_name for t in map(rp.by_name.get, names)
