@@ -10,8 +10,8 @@ checksum shares and, from each engine rank's host, handles to that rank's views 
 engine owner hands SGLang one `LocalSerializedTensor` per tensor whose entry r is engine rank r's view, its
 handle made on rank r's own node (`load_format="direct"`: each scheduler copies its own view into its own
 parameter; so an engine spanning nodes loads the same way; row ranges of a parameter larger than a bucket
-go through engine_side.load_counted, which writes them into the parameter's rows). Buckets alternate between the two buffers, so ranks fill bucket b+1 while the
-owner loads bucket b. The whole sync is one begin/end_weight_update session; the last load flushes the
+go through engine_side.load_counted, which writes them into the parameter's rows). Buckets alternate
+between the two buffers, so ranks fill bucket b+1 while the owner loads bucket b. The whole sync is one begin/end_weight_update session; the last load flushes the
 engine's KV/prefix cache.
 
 Failures: any rank's exception (or the engine dying: engine_health fails the waiting engine call within about
@@ -349,7 +349,7 @@ class WeightResharder:
                 values += [MultiprocessingSerializer.serialize(view) for _ in range(self.plan.engine_tp - 1)]
             named.append((name, LocalSerializedTensor(values=values)))
         # Row ranges of a parameter split over buckets need the loader that writes into a slice.
-        split = any(rp.by_name[name].param is not None for name in self.plan.buckets[b] for rp in ranks)
+        split = b in self.plan.row_range_buckets
         load_format = None if self.plan.shared else engine_side.LOAD_COUNTED if split else self.load_format
         # The last load flushes the KV/prefix cache in the scheduler (engine.flush_cache() would also run a
         # full gc.collect() there on CPU: ~0.4 s).
@@ -367,8 +367,8 @@ class WeightResharder:
     @cached_property
     def _counted_loads(self) -> bool:
         """Whether this engine's loads go through engine_side.load_counted (always for split parameters)."""
-        return not self.plan.shared and (self.load_format == engine_side.LOAD_COUNTED or any(
-            t.param is not None for rp in self.plan.engines[self.engine_index] for t in rp.targets))
+        return not self.plan.shared and (self.load_format == engine_side.LOAD_COUNTED
+                                         or bool(self.plan.row_range_buckets))
 
     def _raise_load_errors(self, reports: list[dict]):
         for rp, report in zip(self.plan.engines[self.engine_index], reports):

@@ -127,6 +127,12 @@ class WeightSyncPlan:
     def shared(self) -> bool:
         return self.mode == HF
 
+    @cached_property
+    def row_range_buckets(self) -> frozenset[int]:
+        """Buckets holding row ranges of a parameter larger than the bound (the same names on every rank)."""
+        first = self.engines[0][0].by_name if self.engines else {}
+        return frozenset(b for b, names in enumerate(self.buckets) if any(first[n].param is not None for n in names))
+
     def ranks_of(self, engine: int) -> tuple[EngineRankPlan, ...]:
         return self.engines[engine]
 
