@@ -4,6 +4,9 @@ Shapes: `rewards` [batch] are outcome rewards (one per sequence); `token_rewards
 rewards aligned with `response_mask` [batch, seq] (see reward_shaping.py); `group_ids` labels each sample's
 prompt group (groups.py). Advantages are [batch, seq], 0 off the mask, and carry no gradient.
 Spread conventions: group std and batch whitening both use the unbiased (n - 1) estimate.
+A group whose rewards are all equal gets advantage exactly 0 from every group estimator: its statistics are
+computed in float64 and such groups are zeroed by an exact max == min test, because in float32 the mean of
+[0.7] * 8 is one ulp off 0.7 and the std division turned that ulp into |advantage| ~0.06 of one sign.
 Entry for the `advantage` DAG node: `compute_advantages`, which dispatches on `algorithm.adv_estimator`.
 """
 from typing import Optional
@@ -11,7 +14,7 @@ from typing import Optional
 import torch
 
 from distflow.algorithms.aggregation import masked_sum, masked_whiten
-from distflow.algorithms.groups import GroupIds, group_statistics
+from distflow.algorithms.groups import GroupIds, filter_groups_with_variance, group_statistics
 
 
 def _broadcast(per_sequence: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -23,30 +26,43 @@ def _as_float(rewards: torch.Tensor) -> torch.Tensor:
     return rewards if rewards.is_floating_point() else rewards.float()
 
 
+def group_baseline(rewards: torch.Tensor, group_ids: GroupIds):
+    """Per-sample float64 (r - group mean, unbiased group std, group size, group has spread), each [batch].
+
+    r - mean and std are exactly 0 for a group whose rewards are all equal (a group of one included), so no
+    rounding residue reaches the estimators. Callers cast their result back to the rewards' dtype.
+    """
+    wide = _as_float(rewards).double()
+    means, stds, sizes = group_statistics(wide, group_ids)
+    varied = filter_groups_with_variance(wide, group_ids)
+    zero = torch.zeros((), dtype=wide.dtype, device=wide.device)
+    return torch.where(varied, wide - means, zero), torch.where(varied, stds, zero), sizes, varied
+
+
 @torch.no_grad()
 def grpo_advantages(rewards: torch.Tensor, group_ids: GroupIds, response_mask: torch.Tensor,
                     norm_adv_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """GRPO: (r - group mean) / (group std + eps), or r - group mean when not `norm_adv_by_std` (Dr. GRPO,
     which drops the std to avoid up-weighting near-uniform groups). A group of one has no baseline to
-    compare against and gets advantage 0.
+    compare against and gets advantage 0, as does a group whose rewards are all equal (exactly 0).
     """
     rewards = _as_float(rewards)
-    means, stds, sizes = group_statistics(rewards, group_ids)
-    advantages = rewards - means
+    advantages, stds, _, _ = group_baseline(rewards, group_ids)
     if norm_adv_by_std:
         advantages = advantages / (stds + eps)
-    return _broadcast(torch.where(sizes > 1, advantages, 0), response_mask)
+    return _broadcast(advantages.to(rewards.dtype), response_mask)
 
 
 @torch.no_grad()
 def rloo_advantages(rewards: torch.Tensor, group_ids: GroupIds, response_mask: torch.Tensor) -> torch.Tensor:
     """RLOO: r_i minus the mean reward of the other samples of its group (leave-one-out baseline, which keeps
-    the estimate unbiased). A group of one gets advantage 0.
+    the estimate unbiased). A group of one, or of equal rewards, gets advantage 0.
     """
     rewards = _as_float(rewards)
-    means, _, sizes = group_statistics(rewards, group_ids)
-    others_mean = (means * sizes - rewards) / (sizes - 1).clamp(min=1)
-    return _broadcast(torch.where(sizes > 1, rewards - others_mean, 0), response_mask)
+    centred, _, sizes, _ = group_baseline(rewards, group_ids)
+    # r - (sum - r) / (n - 1) = (r - mean) * n / (n - 1): exactly 0 where r - mean is
+    advantages = centred * sizes / (sizes - 1).clamp(min=1)
+    return _broadcast(advantages.to(rewards.dtype), response_mask)
 
 
 def _generalised_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
@@ -97,11 +113,11 @@ def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_ids: GroupIds,
                                      response_mask: torch.Tensor) -> torch.Tensor:
     """REINFORCE++ with baseline: r - group mean on every response token, then whitened over the batch.
 
-    A group of one has r - mean = 0 before whitening (consistent with GRPO here).
+    A group of one, or of equal rewards, has r - mean = 0 exactly before whitening (consistent with GRPO).
     """
     rewards = _as_float(rewards)
-    means, _, _ = group_statistics(rewards, group_ids)
-    return masked_whiten(_broadcast(rewards - means, response_mask), response_mask)
+    centred = group_baseline(rewards, group_ids)[0].to(rewards.dtype)
+    return masked_whiten(_broadcast(centred, response_mask), response_mask)
 
 
 @torch.no_grad()

@@ -13,7 +13,6 @@ import torch.distributed as dist
 
 from distflow.algorithms import advantages as adv
 from distflow.algorithms.aggregation import masked_sum
-from distflow.algorithms.groups import group_statistics
 from distflow.algorithms.reward_shaping import apply_kl_penalty, outcome_token_rewards
 from distflow.coordination.data import PackedBatch
 from distflow.nodes.context import from_padded, to_padded
@@ -41,8 +40,7 @@ def compute(ctx, inputs):
     elif a.adv_estimator == "rloo":
         values = adv.rloo_advantages(r, samples.groups, ones)[:, 0]
     else:  # reinforce_pp_baseline: r - group mean on every response token, whitened over all tokens
-        means, _, _ = group_statistics(r.float(), samples.groups)
-        centred = r.float() - means
+        centred = adv.group_baseline(r, samples.groups)[0].float()  # exactly 0 for all-equal groups
         values = _token_weighted_whiten(centred, _response_lengths(samples), group=None)
     return {"advantages": PackedBatch(samples.sample_ids, samples.groups, samples.lengths,
                                       {"advantages": values.float()})}

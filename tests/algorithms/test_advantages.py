@@ -55,6 +55,31 @@ def test_grpo_and_rloo_advantages_of_a_group_sum_to_zero(samples, by_std):
         torch.testing.assert_close(sums, torch.zeros(4, dtype=torch.float64), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("value", [0.7, 0.1, 0.3, 1 / 3, 0.9, 1e-3, 123.456])
+def test_a_group_of_equal_rewards_gets_exactly_zero(value):
+    # float32 [0.7] * 8 has a mean one ulp off 0.7; divided by a one-ulp std (+ eps 1e-6) that was ~0.056 of
+    # one sign for the whole group. Equal rewards carry no signal: every group estimator gives exactly 0, here
+    # beside a varied group whose advantages must stay as before: [0, 1] * 4 -> +-1 / (std + eps), RLOO +-8/7.
+    rewards = torch.tensor([value] * 8 + [0.0, 1.0] * 4)
+    groups = torch.tensor([0] * 8 + [1] * 8)
+    mask = torch.ones(16, 2)
+    std = (8 * 0.25 / 7) ** 0.5
+    signs = torch.tensor([-1.0, 1.0] * 4)
+    grpo = per_sequence(grpo_advantages(rewards, groups, mask), mask)
+    assert grpo[:8].tolist() == [0.0] * 8
+    torch.testing.assert_close(grpo[8:], signs * 0.5 / (std + 1e-6))
+    dr_grpo = per_sequence(grpo_advantages(rewards, groups, mask, norm_adv_by_std=False), mask)
+    assert dr_grpo[:8].tolist() == [0.0] * 8
+    rloo = per_sequence(rloo_advantages(rewards, groups, mask), mask)
+    assert rloo[:8].tolist() == [0.0] * 8
+    torch.testing.assert_close(rloo[8:], signs * 4 / 7)   # 1 - 3/7 = 4/7, 0 - 4/7
+    baseline = per_sequence(reinforce_pp_baseline_advantages(rewards, groups, mask), mask)
+    assert baseline[:8].tolist() == [0.0] * 8
+    # centred [0]*8 + [-0.5, 0.5]*4 over 32 tokens: mean 0, unbiased var (16 * 0.25) / 31
+    torch.testing.assert_close(baseline[8:], signs * 0.5 / (4 / 31 + 1e-8) ** 0.5)
+    assert grpo.dtype == rloo.dtype == baseline.dtype == torch.float32
+
+
 def test_rloo_by_hand():
     # group 0: 1 - (0 + 0.5) / 2 = 0.75, 0 - (1 + 0.5) / 2 = -0.75, 0.5 - (1 + 0) / 2 = 0
     # group 1: 2 - 4 = -2, 4 - 2 = 2; group 2: one sample -> 0
