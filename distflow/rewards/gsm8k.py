@@ -3,7 +3,9 @@
 Two extraction modes (the names follow the common GSM8K evaluation convention):
 - strict: only the number after the last "####" marker counts (the format the prompt asks for);
 - flexible: the "####" answer if there is one, else the last number anywhere in the response.
-Commas, "$" and a trailing period are stripped; numbers compare by value (so "1,000.00" == "1000").
+Commas, "$" and trailing punctuation (". , ; : !") are stripped; numbers compare by value ("1,000.00" == "1000").
+This scorer is lenient on purpose ("####5", "#### $5", "#### 5." all count). For numbers comparable with
+verl's GSM8K baselines use reward.name=gsm8k_verl (gsm8k_verl.py), verl's exact rule.
 """
 import re
 from decimal import Decimal, InvalidOperation
@@ -28,8 +30,8 @@ def extract_answer(solution_str: str, method: str = "strict") -> str | None:
 
 
 def normalize_number(text: str) -> str:
-    """'$1,234.50' -> '1234.50'; '-$ 5' -> '-5'."""
-    return re.sub(r"[\s,$]", "", str(text)).rstrip(".")
+    """'$1,234.50' -> '1234.50'; '-$ 5' -> '-5'; '18.' -> '18'."""
+    return re.sub(r"[\s,$]", "", str(text)).rstrip(".;:!")
 
 
 def answers_match(answer: str, ground_truth) -> bool:

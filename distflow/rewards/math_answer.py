@@ -2,6 +2,8 @@
 
 Extraction is ours (the last \\boxed{} or \\fbox{}, nested braces balanced); equivalence is math-verify's
 (symbolic and numeric: "\\frac{1}{2}" == "0.5" == "1/2", "\\sqrt{4}" == "2", sets, intervals, ...).
+Trailing sentence punctuation inside the box ("\\boxed 5." or "\\boxed{5,}") is not part of the answer and is
+stripped, except "!", which math-verify reads as a factorial ("5!" == 120).
 A response without a boxed answer scores 0. Importing this module imports math-verify (about a second); the
 registry imports scorer modules only when a scorer is loaded.
 """
@@ -10,6 +12,12 @@ import functools
 from math_verify import parse, verify
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
+_TRAILING_PUNCTUATION = ".,;:"  # not "!": a factorial
+
+
+def strip_trailing_punctuation(answer: str) -> str:
+    """'5.' -> '5', '5 ,;' -> '5'; '5!' stays (a factorial)."""
+    return answer.rstrip().rstrip(_TRAILING_PUNCTUATION + " ").rstrip()
 
 
 def last_boxed(text: str) -> str | None:
@@ -53,8 +61,9 @@ def is_equivalent(answer: str, ground_truth: str) -> bool:
 
 def score(solution_str: str, ground_truth, extra_info=None) -> float:
     """1.0 when the last boxed answer of `solution_str` is equivalent to `ground_truth` (LaTeX or plain text)."""
-    answer = last_boxed(solution_str)
-    if answer is None:
+    boxed = last_boxed(solution_str)
+    answer = strip_trailing_punctuation(boxed) if boxed is not None else ""
+    if not answer:
         return 0.0
     truth = str(ground_truth)
     boxed_truth = last_boxed(truth)  # some datasets store the whole "\boxed{...}" as the ground truth

@@ -6,7 +6,8 @@ The scorer contract:
 called with keyword arguments. Optional keyword parameters, passed only to scorers that declare them (or
 take **kwargs): `data_source: str` (so verl-style `compute_score(data_source, solution_str, ...)`
 functions work unchanged) and `ended_with_eos: bool` (the response stopped at EOS rather than at the length
-limit). A scorer may also return a dict with a "score" entry. Built-in scorers return values in [0, 1].
+limit). A scorer may also return a dict with a "score" entry. Built-in scorers return values in [0, 1],
+except math_dapo: +1 / -1, DAPO's values (math_dapo.py).
 
 Scorers are named by "module:function" strings rather than passed as objects so that the scoring worker
 processes import them themselves (nothing to pickle, custom modules included).
@@ -24,7 +25,9 @@ from distflow.dotted_path import load_callable
 BUILTIN_SCORERS = {
     "gsm8k": "distflow.rewards.gsm8k:score_strict",
     "gsm8k_flexible": "distflow.rewards.gsm8k:score_flexible",
+    "gsm8k_verl": "distflow.rewards.gsm8k_verl:score",   # verl's exact rule, for comparable numbers
     "math": "distflow.rewards.math_answer:score",
+    "math_dapo": "distflow.rewards.math_dapo:score",
     "copy": "distflow.rewards.copy_task:score",
 }
 # reward.name=auto: data_source -> built-in name. The names are the ones common RL datasets (and verl's
@@ -36,7 +39,13 @@ DATA_SOURCE_SCORERS = {
     "DigitalLearningGmbH/MATH-lighteval": "math",
     "HuggingFaceH4/MATH-500": "math",
     "math": "math",
+    "math_dapo": "math_dapo",   # BytedTsinghua-SIA/DAPO-Math-17k and AIME-2024 (DAPO's own files)
     "distflow/copy": "copy",
+}
+# reward.name=auto, after an exact match failed: data_source prefix (compared in lower case) -> built-in name.
+# AIME files name themselves "aime24", "aime_2025", "AIME2024", ...; verl routes "aime*" to DAPO's scorer too.
+DATA_SOURCE_PREFIX_SCORERS = {
+    "aime": "math_dapo",
 }
 OPTIONAL_KWARGS = ("data_source", "ended_with_eos")
 EXPECTED_SIGNATURE = ("fn(solution_str: str, ground_truth, extra_info: dict | None = None) -> float "
@@ -95,15 +104,24 @@ def _check_signature(path: str, fn: Callable) -> tuple[str, ...]:
     return optional
 
 
+def auto_scorer_name(data_source: str) -> str | None:
+    """The built-in scorer reward.name=auto uses for `data_source`, or None when there is none."""
+    if data_source in DATA_SOURCE_SCORERS:
+        return DATA_SOURCE_SCORERS[data_source]
+    lowered = str(data_source).lower()
+    return next((name for prefix, name in DATA_SOURCE_PREFIX_SCORERS.items() if lowered.startswith(prefix)), None)
+
+
 def scorer_path(name: str, custom: str | None, data_source: str) -> str:
     """The scorer path for one sample under reward.name=`name` / reward.custom=`custom`."""
     if custom:
         return custom
     if name == "auto":
-        if data_source not in DATA_SOURCE_SCORERS:
+        name = auto_scorer_name(data_source)
+        if name is None:
             raise ScorerError(f"reward.name=auto has no scorer for data_source {data_source!r}; known: "
-                              f"{sorted(DATA_SOURCE_SCORERS)}. Set reward.name or reward.custom.")
-        name = DATA_SOURCE_SCORERS[data_source]
+                              f"{sorted(DATA_SOURCE_SCORERS)} and names starting with "
+                              f"{sorted(DATA_SOURCE_PREFIX_SCORERS)}. Set reward.name or reward.custom.")
     if name not in BUILTIN_SCORERS:
         raise ScorerError(f"unknown reward.name {name!r}; choose 'auto' or one of {sorted(BUILTIN_SCORERS)}, "
                           "or set reward.custom='module:function'")

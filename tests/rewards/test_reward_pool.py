@@ -50,8 +50,10 @@ def test_auto_selects_by_data_source():
         dict(response="\\boxed{0.5}", ground_truth="\\frac12", data_source="HuggingFaceH4/MATH-500",
              ended_with_eos=True),
         dict(response="12", ground_truth="12", data_source="distflow/copy", ended_with_eos=False),
+        dict(response="...\nAnswer: 34", ground_truth="34", data_source="math_dapo", ended_with_eos=True),
+        dict(response="Answer: 33", ground_truth="34", data_source="aime24", ended_with_eos=True),
     ])
-    assert rewards == [1.0, 1.0, pytest.approx(2 / 3)]
+    assert rewards == [1.0, 1.0, pytest.approx(2 / 3), 1.0, -1.0]   # DAPO's scorer: +1 / -1
     with pytest.raises(ScorerError, match="no scorer for data_source 'nope'"):
         pool.score_batch([sample("x", data_source="nope")])
 
