@@ -6,6 +6,10 @@
 #       bash examples/grpo_qwen2.5_72b_8nodes.sh [section.key=value ...]      # on every node
 #   sbatch --nodes 8 examples/slurm/sbatch_distflow.sh examples/grpo_qwen2.5_72b_8nodes.sh
 #   DRY_RUN=1 bash examples/grpo_qwen2.5_72b_8nodes.sh     # plan only, on any machine
+# Data: MATH in the RL schema, data_source DigitalLearningGmbH/MATH-lighteval (reward.name=auto: boxed answer,
+# math-verify), e.g. from your copy of the MATH train and test jsonl files:
+#   python tools/prepare_data.py math --input math_train.jsonl --split train --out /data/math
+#   python tools/prepare_data.py math --input math_test.jsonl --split test --out /data/math
 set -euo pipefail
 
 # ---- cluster: torchrun's rendezvous (SLURM: examples/slurm/sbatch_distflow.sh sets these) ----
@@ -22,8 +26,8 @@ WORLD_SIZE=$((NNODES * GPUS_PER_NODE))
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MODEL_PATH=${MODEL_PATH:-/models/Qwen2.5-72B}
 SHIPPED_MODEL_CONFIG=${REPO_DIR}/examples/model_configs/qwen2.5-72b.json
-TRAIN_FILES=${TRAIN_FILES:-/data/math/train.parquet}
-VAL_FILES=${VAL_FILES:-/data/math/test.parquet}
+TRAIN_FILES=${TRAIN_FILES:-/data/math/train.parquet}         # data_source DigitalLearningGmbH/MATH-lighteval
+VAL_FILES=${VAL_FILES:-/data/math/test.parquet}            # data_source DigitalLearningGmbH/MATH-lighteval
 CKPT_DIR=${CKPT_DIR:-/checkpoints/grpo_qwen2.5_72b_8nodes}   # on a file system every node sees
 WANDB_PROJECT=${WANDB_PROJECT:-distflow}
 WANDB_RUN=${WANDB_RUN:-grpo_qwen2.5_72b_8nodes}

@@ -9,6 +9,10 @@
 #   DRY_RUN=1 bash examples/grpo_qwen2.5_7b_disaggregated.sh      # plan only, on any machine
 # Status: the dry run plans this layout; distflow.train does not yet build Megatron's process groups on a
 # subset of the ranks (distflow/distributed.py), so a real run stops there with a LayoutError.
+# Data: MATH in the RL schema, data_source DigitalLearningGmbH/MATH-lighteval (reward.name=auto: boxed answer,
+# math-verify), e.g. from your copy of the MATH train and test jsonl files:
+#   python tools/prepare_data.py math --input math_train.jsonl --split train --out /data/math
+#   python tools/prepare_data.py math --input math_test.jsonl --split test --out /data/math
 set -euo pipefail
 
 # ---- cluster: torchrun's rendezvous (SLURM: examples/slurm/sbatch_distflow.sh sets these) ----
@@ -26,8 +30,8 @@ ROLLOUT_NODES=${ROLLOUT_NODES:-1}           # the last ROLLOUT_NODES nodes host 
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MODEL_PATH=${MODEL_PATH:-/models/Qwen2.5-7B}
 SHIPPED_MODEL_CONFIG=${REPO_DIR}/examples/model_configs/qwen2.5-7b.json
-TRAIN_FILES=${TRAIN_FILES:-/data/math/train.parquet}
-VAL_FILES=${VAL_FILES:-/data/math/test.parquet}
+TRAIN_FILES=${TRAIN_FILES:-/data/math/train.parquet}         # data_source DigitalLearningGmbH/MATH-lighteval
+VAL_FILES=${VAL_FILES:-/data/math/test.parquet}            # data_source DigitalLearningGmbH/MATH-lighteval
 CKPT_DIR=${CKPT_DIR:-/checkpoints/grpo_qwen2.5_7b_disaggregated}
 WANDB_PROJECT=${WANDB_PROJECT:-distflow}
 WANDB_RUN=${WANDB_RUN:-grpo_qwen2.5_7b_disaggregated}

@@ -12,6 +12,10 @@
 #   DRY_RUN=1 bash examples/grpo_qwen3_235b_a22b_16nodes.sh    # plan only, on any machine
 # More nodes: keep the layout and raise NNODES (DP and expert-DP grow, the optimizer states shrink, and
 # rollout gets more engines).
+# Data: DAPO's own parquet files, already in the RL schema, each prompt asking for a last line "Answer: ...",
+# data_source math_dapo (scored by reward.name=auto with DAPO's rule, +1 / -1: distflow/rewards/math_dapo.py):
+#   huggingface-cli download --repo-type dataset BytedTsinghua-SIA/DAPO-Math-17k --local-dir /data/dapo-math-17k
+#   huggingface-cli download --repo-type dataset BytedTsinghua-SIA/AIME-2024 --local-dir /data/aime-2024
 set -euo pipefail
 
 # ---- cluster: torchrun's rendezvous (SLURM: examples/slurm/sbatch_distflow.sh sets these) ----
@@ -28,8 +32,8 @@ WORLD_SIZE=$((NNODES * GPUS_PER_NODE))
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MODEL_PATH=${MODEL_PATH:-/models/Qwen3-235B-A22B}
 SHIPPED_MODEL_CONFIG=${REPO_DIR}/examples/model_configs/qwen3-235b-a22b.json
-TRAIN_FILES=${TRAIN_FILES:-/data/dapo-math-17k/train.parquet}
-VAL_FILES=${VAL_FILES:-/data/aime-2024/test.parquet}
+TRAIN_FILES=${TRAIN_FILES:-/data/dapo-math-17k/data/dapo-math-17k.parquet}   # data_source math_dapo
+VAL_FILES=${VAL_FILES:-/data/aime-2024/data/aime-2024.parquet}                # data_source math_dapo
 CKPT_DIR=${CKPT_DIR:-/checkpoints/grpo_qwen3_235b_a22b_16nodes}   # on a file system every node sees
 WANDB_PROJECT=${WANDB_PROJECT:-distflow}
 WANDB_RUN=${WANDB_RUN:-grpo_qwen3_235b_a22b_16nodes}

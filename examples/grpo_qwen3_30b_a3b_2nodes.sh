@@ -7,6 +7,10 @@
 #       bash examples/grpo_qwen3_30b_a3b_2nodes.sh [section.key=value ...]    # on every node
 #   sbatch --nodes 2 examples/slurm/sbatch_distflow.sh examples/grpo_qwen3_30b_a3b_2nodes.sh
 #   DRY_RUN=1 bash examples/grpo_qwen3_30b_a3b_2nodes.sh   # plan only, on any machine
+# Data: DAPO's own parquet files, already in the RL schema, each prompt asking for a last line "Answer: ...",
+# data_source math_dapo (scored by reward.name=auto with DAPO's rule, +1 / -1: distflow/rewards/math_dapo.py):
+#   huggingface-cli download --repo-type dataset BytedTsinghua-SIA/DAPO-Math-17k --local-dir /data/dapo-math-17k
+#   huggingface-cli download --repo-type dataset BytedTsinghua-SIA/AIME-2024 --local-dir /data/aime-2024
 set -euo pipefail
 
 # ---- cluster: torchrun's rendezvous (SLURM: examples/slurm/sbatch_distflow.sh sets these) ----
@@ -23,8 +27,8 @@ WORLD_SIZE=$((NNODES * GPUS_PER_NODE))
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MODEL_PATH=${MODEL_PATH:-/models/Qwen3-30B-A3B}
 SHIPPED_MODEL_CONFIG=${REPO_DIR}/examples/model_configs/qwen3-30b-a3b.json
-TRAIN_FILES=${TRAIN_FILES:-/data/dapo-math-17k/train.parquet}
-VAL_FILES=${VAL_FILES:-/data/aime-2024/test.parquet}
+TRAIN_FILES=${TRAIN_FILES:-/data/dapo-math-17k/data/dapo-math-17k.parquet}   # data_source math_dapo
+VAL_FILES=${VAL_FILES:-/data/aime-2024/data/aime-2024.parquet}                # data_source math_dapo
 CKPT_DIR=${CKPT_DIR:-/checkpoints/grpo_qwen3_30b_a3b_2nodes} # on a file system every node sees
 WANDB_PROJECT=${WANDB_PROJECT:-distflow}
 WANDB_RUN=${WANDB_RUN:-grpo_qwen3_30b_a3b_2nodes}

@@ -7,6 +7,9 @@
 #       bash examples/ppo_llama3.1_70b_16nodes.sh [section.key=value ...]     # on every node
 #   sbatch --nodes 16 examples/slurm/sbatch_distflow.sh examples/ppo_llama3.1_70b_16nodes.sh
 #   DRY_RUN=1 bash examples/ppo_llama3.1_70b_16nodes.sh    # plan only, on any machine
+# Data: GSM8K in the RL schema, data_source openai/gsm8k (reward.name=auto: the "#### <number>" answer; for
+# numbers comparable with verl's GSM8K baselines add reward.name=gsm8k_verl), from your copy of GSM8K:
+#   python tools/prepare_data.py gsm8k --input gsm8k/train.jsonl --out /data/gsm8k    # and test.jsonl
 set -euo pipefail
 
 # ---- cluster: torchrun's rendezvous (SLURM: examples/slurm/sbatch_distflow.sh sets these) ----
@@ -24,8 +27,8 @@ REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MODEL_PATH=${MODEL_PATH:-/models/Llama-3.1-70B-Instruct}
 CRITIC_PATH=${CRITIC_PATH:-${MODEL_PATH}}                    # HF checkpoint the critic starts from
 SHIPPED_MODEL_CONFIG=${REPO_DIR}/examples/model_configs/llama3.1-70b.json
-TRAIN_FILES=${TRAIN_FILES:-/data/gsm8k/train.parquet}
-VAL_FILES=${VAL_FILES:-/data/gsm8k/test.parquet}
+TRAIN_FILES=${TRAIN_FILES:-/data/gsm8k/train.parquet}       # data_source openai/gsm8k
+VAL_FILES=${VAL_FILES:-/data/gsm8k/test.parquet}           # data_source openai/gsm8k
 CKPT_DIR=${CKPT_DIR:-/checkpoints/ppo_llama3.1_70b_16nodes}  # on a file system every node sees
 WANDB_PROJECT=${WANDB_PROJECT:-distflow}
 WANDB_RUN=${WANDB_RUN:-ppo_llama3.1_70b_16nodes}

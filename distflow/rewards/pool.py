@@ -39,8 +39,8 @@ class RewardPool:
     """Rule-based / custom scoring of responses. Build with `from_config(cfg.reward)` or directly:
 
     name: a built-in scorer (registry.BUILTIN_SCORERS: "gsm8k", "gsm8k_verl", "math", "math_dapo", ...) or "auto"
-    (chosen per sample from its data_source); custom: "module:function" used for every sample instead (checked now, in this
-    process, against the scorer contract in registry.py).
+    (chosen per sample from its data_source); custom: "module:function" used for every sample instead (checked
+    now, in this process, against the scorer contract in registry.py).
     """
 
     def __init__(self, name: str = "gsm8k", custom: str | None = None, num_workers: int = 2,
