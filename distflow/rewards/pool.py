@@ -4,6 +4,10 @@ Every rollout rank owns one pool and scores its own samples (no central reward p
 raises, returns garbage, crashes its worker or runs past `timeout_s` gives that sample 0.0 and is counted
 (reward/errors, reward/timeouts); the worker is replaced and the batch goes on. Nothing a scorer does can
 stop the run. `num_workers=0` scores in the calling process instead (for debugging: no timeout there).
+Hand-written rather than pebble's ProcessPool (judged for issue #12): pebble schedules into multiprocessing
+workers, and spawn/forkserver workers re-import the trainer's __main__ (torch: seconds and hundreds of MB per
+worker, again at every respawn after a timeout) while fork is unsafe beside CUDA/NCCL threads; these workers
+are plain interpreters (_worker.py). tests/rewards/test_reward_pool.py checks that they never import torch.
 """
 import logging
 import math

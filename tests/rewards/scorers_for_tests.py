@@ -33,3 +33,10 @@ def two_args(answer, truth):
 
 
 not_callable = 3
+
+
+def torch_imported(solution_str, ground_truth, extra_info=None):
+    """1.0 when torch is imported in the process that scores (a clean worker has not imported it)."""
+    import sys
+
+    return float("torch" in sys.modules)

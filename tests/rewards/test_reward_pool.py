@@ -1,11 +1,18 @@
 """RewardPool: selection, custom scorers by dotted path, and failures that score 0 without stopping the batch."""
+import os
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from distflow.rewards import EXPECTED_SIGNATURE, RewardPool, RewardSample, ScorerError, load_scorer
+
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def sample(response, truth="ok", data_source="mine", eos=True):
@@ -94,3 +101,20 @@ def test_from_config():
     # With a reward model the pool still scores validation answers by reward.name.
     with_model = RewardPool.from_config(SimpleNamespace(**{**vars(cfg), "model_path": "/rm"}))
     assert with_model.score_batch([sample("#### 3", "3")])[0] == [1.0]
+
+
+def test_workers_do_not_reimport_the_trainers_main(tmp_path):
+    """Why the pool starts plain interpreters rather than multiprocessing children (and why pebble, which
+    schedules into multiprocessing workers, does not fit): spawn and forkserver children re-import the parent's
+    __main__ (the trainer: torch, seconds and hundreds of MB per worker, again after every timeout), and fork
+    is unsafe in a process with CUDA/NCCL threads. Here __main__ imports torch; the scoring workers must not."""
+    main = tmp_path / "trainer_like_main.py"
+    main.write_text("import sys\nimport torch\nfrom distflow.rewards import RewardPool, RewardSample\n"
+                    "if __name__ == '__main__':\n"
+                    "    with RewardPool(custom='scorers_for_tests:torch_imported', num_workers=2) as pool:\n"
+                    "        print(pool.score_batch([RewardSample('x', 'x', 'mine', True)] * 4)[0])\n")
+    tests_dir = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), tests_dir, os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, str(main)], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[0.0, 0.0, 0.0, 0.0]", result.stdout   # no worker had torch imported
