@@ -27,7 +27,8 @@ PLACEHOLDER = re.compile(r"[<{$*\[]|\.\.\.")
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 _INLINE = re.compile(r"`([^`\n]+)`")
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
-_PATH = re.compile(r"(?<![\w./<>-])((?:" + "|".join(map(re.escape, PATH_ROOTS)) + r")/[\w./*<>{}$-]*)")
+# A quoted string ("distflow/copy", a data_source) is a value, not a path.
+_PATH = re.compile(r"(?<![\w./<>'\"-])((?:" + "|".join(map(re.escape, PATH_ROOTS)) + r")/[\w./*<>{}$-]*)")
 _ROOT_FILE = re.compile(r"(?<![\w./-])(" + "|".join(map(re.escape, ROOT_FILES)) + r")(?![\w/-])")
 _MODULE = re.compile(r"-m\s+(distflow(?:\.\w+)*)(?![.\w*])")  # not `python -m distflow.*` (any of them)
 # A file named without its folder (`reshard_estimate.py`, "see DESIGN.md"): some file of the repo has that name.
@@ -208,5 +209,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
                                                       "examples/configs/gpu_base.yaml"]
     assert [m.group(1) for m in _MODULE.finditer("python -m distflow.* and torchrun -m distflow.train")] == \
         ["distflow.train"]
+    doc.write_text('`"distflow/copy"` is a data_source, `distflow/copy` a path\n')
+    assert [p for _, p in named_paths(doc)] == ["distflow/copy"]
     doc.write_text("The names are in DESIGN.md (`memory.py`, `tools/plot_metrics.py`).\n```\ncat > mine.py\n```\n")
     assert [n for _, n in named_file_names(doc)] == ["DESIGN.md", "memory.py"]
