@@ -8,6 +8,7 @@ remainder is a quoted key or keyword argument there ("pg_clipfrac", pg_clipfrac=
 knows fails with the doc, the line and where to add it.
 """
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,14 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     assert [p for _, p in named_paths(doc)] == ["distflow/copy"]
     doc.write_text("The names are in DESIGN.md (`memory.py`, `tools/plot_metrics.py`).\n```\ncat > mine.py\n```\n")
     assert [n for _, n in named_file_names(doc)] == ["DESIGN.md", "memory.py"]
+
+
+def test_the_glossary_is_read_when_it_exists(tmp_path, monkeypatch):
+    glossary = tmp_path / "metrics.md"
+    glossary.write_text("| name | meaning |\n|---|---|\n| `val/<data_source>/reward/mean` | per source |\n"
+                        "| `critic/advantages/{mean,max}` | stats |\n| `actor/kl*` | KL terms |\n")
+    monkeypatch.setattr(sys.modules[__name__], "GLOSSARY", glossary)
+    patterns = glossary_patterns()
+    documented = lambda name: any(p.match(name) for p in patterns)  # noqa: E731
+    assert documented("val/openai/gsm8k/reward/mean") and documented("critic/advantages/max")
+    assert documented("actor/kl_loss") and not documented("actor/clipfrac") and not documented("critic/advantages/min")
