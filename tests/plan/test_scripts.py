@@ -15,6 +15,8 @@ GiB = 2 ** 30
 
 # script -> (world size, lines its plan must print, warnings it is expected to print)
 SCRIPTS = {
+    "grpo_qwen2.5_0.5b_1gpu.sh": (1, ["colocated: every rank (0-0)", "actor: tp=1 pp=1 dp=1",
+                                      "rollout: 1 SGLang engine(s) x TP 1", "pipeline grpo"], []),
     "grpo_qwen2.5_7b_1node.sh": (8, ["colocated: every rank (0-7)", "actor: tp=2 pp=1 dp=4",
                                      "rollout: 4 SGLang engine(s) x TP 2", "pipeline grpo"], []),
     "grpo_qwen2.5_7b_disaggregated.sh": (16, ["disaggregated: training ranks 0-7 (node 0), engine ranks 8-15 (node 1)",
@@ -30,6 +32,7 @@ SCRIPTS = {
     "grpo_qwen3_235b_a22b_16nodes.sh": (128, ["actor: tp=4 pp=2 dp=16 cp=1 ep=64 etp=1",
                                               "rollout: 8 SGLang engine(s) x TP 16", "an engine spans 2 nodes"], []),
 }
+GPUS_PER_NODE = {"grpo_qwen2.5_0.5b_1gpu.sh": 1}  # the scripts' default GPUS_PER_NODE where it is not 8
 
 
 def run_script(script: str, extra_env=None, args=(), timeout=300) -> subprocess.CompletedProcess:
@@ -61,7 +64,8 @@ def test_every_script_is_shipped():
 def test_dry_run_at_the_intended_world_size(plans, script):
     world, lines, expected_warnings = SCRIPTS[script]
     out = plans[script]
-    assert f"DistFlow plan: world size {world} ({world // 8} node(s) x 8 GPUs)" in out
+    gpus = GPUS_PER_NODE.get(script, 8)
+    assert f"DistFlow plan: world size {world} ({world // gpus} node(s) x {gpus} GPUs)" in out
     for section in ("== placement and layouts", "== memory per GPU", "phase generate", "phase train_actor",
                     "== data plan", "== weight sync", "lower bound"):
         assert section in out, f"{script}: no {section!r}"
