@@ -47,7 +47,7 @@ def test_unknown_section_names_the_closest_section(tmp_path):
     ("actor.tp=two", r"actor\.tp must be int, got 'two'"),
     ("actor.tp=true", r"actor\.tp must be int, got True"),
     ("rollout.placement=colo", r"rollout\.placement='colo' is not one of .*did you mean 'colocated'"),
-    ("data.train_files=a.parquet", r"data\.train_files must be a list"),
+    ("data.train_files={a: 1}", r"data\.train_files must be a list"),
     ("rollout.stop_token_ids=[1,x]", r"rollout\.stop_token_ids\[1\] must be int"),
     ("actor=3", r"actor must be a mapping"),
 ])
