@@ -37,9 +37,9 @@ def preflight(cfg: DistFlowConfig, cluster=None) -> PreflightReport:
     check_pipeline(cfg, cluster)
     check_model_paths(cfg)
     check_reward(cfg)
-    check_resume(cfg)
     if cfg.dag.pipeline != "smoke":  # the smoke run makes its own copy-task data
         report.prompts = check_data(cfg)
+    check_resume(cfg)  # last: the checkpointing package imports torch (seconds)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -124,7 +124,9 @@ def check_reward(cfg: DistFlowConfig) -> None:
         try:
             load_scorer(r.custom)
         except ScorerError as err:
-            raise ConfigError(f"reward.custom={r.custom!r}: {err} (a scorer is {EXPECTED_SIGNATURE})") from None
+            why = str(err).removeprefix(f"scorer {r.custom!r}: ").removeprefix(f"scorer {r.custom!r} ")
+            contract = "" if EXPECTED_SIGNATURE in why else f" (a scorer is {EXPECTED_SIGNATURE})"
+            raise ConfigError(f"reward.custom={r.custom!r}: {why}{contract}") from None
         return
     if r.name != "auto" and r.name not in BUILTIN_SCORERS:
         close = difflib.get_close_matches(r.name, list(BUILTIN_SCORERS) + ["auto"], n=1)
@@ -154,6 +156,11 @@ def check_data(cfg: DistFlowConfig) -> dict:
     if not d.train_files:
         raise ConfigError(f"data.train_files is empty: dag.pipeline={cfg.dag.pipeline} trains on prompts; give "
                           "parquet/jsonl files in the common RL schema (tools/prepare_data.py writes some)")
+    for split in ("train", "val"):  # before the tokenizer loads: a wrong path is answered at once
+        for i, path in enumerate(getattr(d, f"{split}_files")):
+            if not Path(path).is_file():
+                raise ConfigError(f"data.{split}_files[{i}]={path}: no such file" +
+                                  (" (it is a folder: list its files)" if Path(path).is_dir() else ""))
     tokenizer = _load_tokenizer(cfg)
     kept = {}
     for split in ("train", "val"):

@@ -112,7 +112,7 @@ def test_bad_override_syntax_and_missing_file(tmp_path):
 
 def test_show_cli_prints_resolved_config_and_rejects_typos(tmp_path):
     path = write(tmp_path, "actor:\n  tp: 2\n")
-    out = subprocess.run([sys.executable, "-m", "distflow.config", "show", str(path), "rollout.n=3"],
+    out = subprocess.run([sys.executable, "-m", "distflow.config", "show", "--config-only", str(path), "rollout.n=3"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "tp: 2" in out.stdout and "n: 3" in out.stdout
