@@ -99,13 +99,22 @@ def main(argv=None) -> int:
     return 0
 
 
+# How long a rank other than 0 waits before it exits with an early error: rank 0 found the same error in the
+# same config and files, and torchrun stops every rank when the first one exits, so rank 0 must go first.
+OTHER_RANKS_GRACE_S = 10.0
+
+
 def report_early_error(err: Exception) -> None:
-    """One line on rank 0 (no process group exists yet: the rank comes from torchrun's RANK); the other
-    ranks, which found the same error in the same config, stay quiet."""
-    if int(os.environ.get("RANK", 0)) == 0:
-        message = " ".join(str(err).split())  # one line even when a library's message spans several
-        label = "" if isinstance(err, (ConfigError, LayoutError)) else f"{type(err).__name__}: "
-        print(f"distflow.train: error: {label}{message}", file=sys.stderr, flush=True)
+    """One line on rank 0 (no process group exists yet: the rank comes from torchrun's RANK). The other
+    ranks wait OTHER_RANKS_GRACE_S, in which torchrun stops them quietly once rank 0 has exited; a rank
+    still running after it had an error rank 0 did not (a file missing on its node only) and says so."""
+    message = " ".join(str(err).split())  # one line even when a library's message spans several
+    label = "" if isinstance(err, (ConfigError, LayoutError)) else f"{type(err).__name__}: "
+    rank = int(os.environ.get("RANK", 0))
+    if rank != 0:
+        time.sleep(OTHER_RANKS_GRACE_S)
+    where = f"[rank {rank}] " if rank else ""
+    print(f"distflow.train: error: {where}{label}{message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
