@@ -161,7 +161,7 @@ def check_data(cfg: DistFlowConfig) -> dict:
             if not Path(path).is_file():
                 raise ConfigError(f"data.{split}_files[{i}]={path}: no such file" +
                                   (" (it is a folder: list its files)" if Path(path).is_dir() else ""))
-    tokenizer = _load_tokenizer(cfg)
+    tokenizer = _LazyTokenizer(cfg)  # loaded at the first prompt to tokenize: an empty or bad file is faster
     kept = {}
     for split in ("train", "val"):
         if split == "val" and not d.val_files:
@@ -176,15 +176,30 @@ def check_data(cfg: DistFlowConfig) -> dict:
     return kept
 
 
-def _load_tokenizer(cfg: DistFlowConfig):
-    from transformers import AutoTokenizer  # tokenizer only (about a second); no model code is imported
+class _LazyTokenizer:
+    """The run's tokenizer, loaded on first use: importing transformers (and torch under it) takes seconds
+    to tens of seconds on a busy machine, and a missing, empty or malformed data file needs no tokenizer."""
 
-    path = cfg.model.tokenizer_path or cfg.model.path
-    key = "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path"
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{key}={path}: cannot load a tokenizer there: {err}") from None
+    def __init__(self, cfg: DistFlowConfig):
+        self._cfg, self._tokenizer = cfg, None
+
+    def _load(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer  # the tokenizer only; no model code is imported
+
+            m = self._cfg.model
+            path, key = (m.tokenizer_path, "model.tokenizer_path") if m.tokenizer_path else (m.path, "model.path")
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(path)
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"{key}={path}: cannot load a tokenizer there: {err}") from None
+        return self._tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self._load(), name)
+
+    def __call__(self, *args, **kwargs):
+        return self._load()(*args, **kwargs)
 
 
 def _check_data_sources(cfg: DistFlowConfig, split: str, dataset) -> None:
