@@ -2,8 +2,9 @@
 
     torchrun --nproc-per-node N -m distflow.train CONFIG.yaml [section.key=value ...]
 
-Each rank reads the config, validates it and the parallel layouts against the world size and the model
-(before any process group exists), joins the process groups (gloo on CPU, NCCL on GPU), builds
+Each rank reads the config, validates it and the parallel layouts against the world size and the model,
+runs the pre-flight checks of the files it names (distflow.preflight: data, tokenizer, scorers, checkpoints),
+all before any process group exists, then joins the process groups (gloo on CPU, NCCL on GPU), builds
 Megatron's groups from the layout, and runs the pipeline named by dag.pipeline. There is no driver:
 rank 0 is special only for console output.
 
@@ -17,6 +18,7 @@ Examples:
     python -m distflow.config docs                         # every config field, documented
 """
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -24,6 +26,10 @@ from dataclasses import dataclass
 from distflow.config import ConfigError, DistFlowConfig, resolve
 from distflow.layout import ClusterLayout, LayoutError
 from distflow.models.shape import ModelShape
+from distflow.preflight import check_model_paths, preflight
+
+# What a bad input raises before any process group exists: answered with one line and exit code 2.
+EARLY_ERRORS = (ConfigError, LayoutError, FileNotFoundError, ValueError)
 
 
 @dataclass
@@ -52,14 +58,16 @@ def parse_args(argv=None):
 
 
 def prepare(argv=None) -> RunContext:
-    """Config and layout validation, then process groups. Raises ConfigError/LayoutError before any group."""
-    import os
-
+    """Config, layout and pre-flight checks, then process groups. Raises one of EARLY_ERRORS before any group."""
     args = parse_args(argv)
     cfg = resolve(args.config, args.overrides)
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    shape = ModelShape.from_hf_dir(cfg.model.path) if cfg.model.path else None
+    check_model_paths(cfg)  # before the layout reads model.path's config.json
+    shape = ModelShape.from_hf_dir(cfg.model.path)
     cluster = ClusterLayout.from_config(cfg, world_size, shape)
+    report = preflight(cfg, cluster)
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"[distflow] {report.describe()}", flush=True)
 
     from distflow import distributed
 
@@ -78,8 +86,8 @@ def main(argv=None) -> int:
     try:
         ctx = prepare(argv)
         pipeline = resolve_pipeline(ctx.cfg.dag.pipeline)
-    except (ConfigError, LayoutError, FileNotFoundError, ValueError) as err:
-        print(f"distflow.train: {type(err).__name__}: {err}", file=sys.stderr)
+    except EARLY_ERRORS as err:
+        report_early_error(err)
         return 2
     ctx.log(f"{ctx.world_size} rank(s) on {ctx.device}\n{ctx.cluster.describe()}")
     pipeline(ctx)
@@ -89,6 +97,24 @@ def main(argv=None) -> int:
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
+
+
+# How long a rank other than 0 waits before it exits with an early error: rank 0 found the same error in the
+# same config and files, and torchrun stops every rank when the first one exits, so rank 0 must go first.
+OTHER_RANKS_GRACE_S = 10.0
+
+
+def report_early_error(err: Exception) -> None:
+    """One line on rank 0 (no process group exists yet: the rank comes from torchrun's RANK). The other
+    ranks wait OTHER_RANKS_GRACE_S, in which torchrun stops them quietly once rank 0 has exited; a rank
+    still running after it had an error rank 0 did not (a file missing on its node only) and says so."""
+    message = " ".join(str(err).split())  # one line even when a library's message spans several
+    label = "" if isinstance(err, (ConfigError, LayoutError)) else f"{type(err).__name__}: "
+    rank = int(os.environ.get("RANK", 0))
+    if rank != 0:
+        time.sleep(OTHER_RANKS_GRACE_S)
+    where = f"[rank {rank}] " if rank else ""
+    print(f"distflow.train: error: {where}{label}{message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from distflow.config.schema import DistFlowConfig
+from distflow.config.verl_keys import VALUE_SYNONYMS, explain
 
 
 class ConfigError(ValueError):
@@ -67,9 +68,9 @@ def build(cls, raw: Any, prefix: str = ""):
         raise ConfigError(f"{where} must be a mapping of keys, got {raw!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
-    for key in raw:
+    for key, value in raw.items():
         if key not in fields:
-            raise ConfigError(unknown_key_message(prefix + str(key), list(fields), prefix))
+            raise ConfigError(unknown_key_message(prefix + str(key), list(fields), prefix, value))
     values = {}
     for name, value in raw.items():
         hint = hints[name]
@@ -80,7 +81,14 @@ def build(cls, raw: Any, prefix: str = ""):
     return cls(**values)
 
 
-def unknown_key_message(full_key: str, valid: list[str], prefix: str = "") -> str:
+def unknown_key_message(full_key: str, valid: list[str], prefix: str = "", value: Any = None) -> str:
+    """Names the key, then its DistFlow name when it is a verl key (`value`: what was given under it, whose
+    leaves may be the verl key, e.g. actor_rollout_ref -> {actor: {optim: {lr: ...}}}), else the closest
+    valid key and the valid ones."""
+    for leaf_key in _leaf_keys(full_key, value):
+        verl = explain(leaf_key)
+        if verl:
+            return f"unknown config key {leaf_key!r}; {verl}"
     leaf = full_key[len(prefix):]
     close = difflib.get_close_matches(leaf, valid, n=1, cutoff=0.5)
     hint = f"; did you mean {prefix}{close[0]}?" if close else ""
@@ -89,6 +97,13 @@ def unknown_key_message(full_key: str, valid: list[str], prefix: str = "") -> st
         near = difflib.get_close_matches(leaf, valid, n=5, cutoff=0.4)
         return f"unknown config key {full_key!r}{hint} (nearest valid keys in {section_name}: {', '.join(near)})"
     return f"unknown config key {full_key!r}{hint} (valid keys in {section_name}: {', '.join(sorted(valid))})"
+
+
+def _leaf_keys(key: str, value: Any) -> list[str]:
+    """`key` and the dotted keys of every leaf below it (a mapping given under an unknown key)."""
+    if not isinstance(value, dict):
+        return [key]
+    return [key] + [leaf for k, v in value.items() for leaf in _leaf_keys(f"{key}.{k}", v)]
 
 
 def coerce(value: Any, hint, key: str):
@@ -101,11 +116,14 @@ def coerce(value: Any, hint, key: str):
         return coerce(value, inner[0], key)
     if origin is Literal:
         if value not in args:
-            close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+            synonym = VALUE_SYNONYMS.get(str(value).lower())
+            close = [synonym] if synonym in args else difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
             hint_text = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{key}={value!r} is not one of {list(args)}{hint_text}")
         return value
     if origin is list or hint is list:
+        if args and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [value]  # data.train_files=foo.parquet: one path where a list is expected is a list of one
         if not isinstance(value, list):
             raise ConfigError(f"{key} must be a list, got {value!r} ({type(value).__name__})")
         return [coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else value

@@ -173,8 +173,9 @@ class DagConfig:
 
 @dataclass
 class DataConfig:
-    train_files: list[str] = option([], "Training parquet files (prompt, data_source, reward_model, extra_info).")
-    val_files: list[str] = option([], "Held-out parquet files.")
+    train_files: list[str] = option([], "Training data files: .parquet, .jsonl or .json rows (prompt, data_source, "
+                                   "reward_model, extra_info); one path or a list.")
+    val_files: list[str] = option([], "Held-out data files (as data.train_files).")
     prompt_key: str = option("prompt", "Column holding the chat messages.")
     max_prompt_length: int = option(512, "Prompts longer than this (tokens) are filtered out.")
     train_batch_size: int = option(64, "Prompts per RL step (over all ranks).")
@@ -190,7 +191,8 @@ class RewardConfig:
     name: str = option(
         "gsm8k", "Built-in rule-based scorer: gsm8k, gsm8k_flexible, math, copy, or auto (chosen per sample from "
         "its data_source; see distflow/rewards/registry.py).")
-    custom: Optional[str] = option(None, "Custom scorer as 'module:function'.")
+    custom: Optional[str] = option(None, "Custom scorer as 'module:function' or 'path/to/file.py:function' (verl's "
+                                  "custom_reward_function); checked against the scorer contract before the start.")
     model_path: Optional[str] = option(
         None, "Reward model: a HF *ForSequenceClassification checkpoint (one label) sharing the policy's tokenizer; "
         "it scores training samples (Megatron forward in the actor's layout). Validation still uses reward.name.")

@@ -9,6 +9,7 @@ import functools
 import warnings
 
 from distflow.config.loader import ConfigError, unknown_key_message
+from distflow.config.ranges import check_ranges
 from distflow.config.schema import DistFlowConfig
 
 # Pass-through keys that DistFlow derives from its own fields: setting them twice would disagree silently.
@@ -60,6 +61,7 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
     if not cfg.sync.bucket_mb * 2**20 >= 1024:
         raise ConfigError(f"sync.bucket_mb={cfg.sync.bucket_mb} must be at least 1 KiB (0.001 MiB)")
     _positive("data.train_batch_size", cfg.data.train_batch_size)
+    check_ranges(cfg)
     if cfg.algorithm.adv_estimator == "gae" and not cfg.critic.enable:
         raise ConfigError("algorithm.adv_estimator=gae needs a critic: set critic.enable=true")
     for i, backend in enumerate(cfg.tracking.backends):

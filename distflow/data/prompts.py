@@ -5,14 +5,17 @@ One row of the schema (the one verl's and others' preprocessing scripts write):
     data_source:   str, e.g. "openai/gsm8k" (selects the scorer under reward.name=auto)
     reward_model:  {"style": str, "ground_truth": ...}
     extra_info:    dict, optional (passed to the scorer)
+Files are parquet (.parquet), JSON lines (.jsonl) or a JSON array of rows (.json), with the same fields.
 Every rank loads, validates and tokenizes all rows (cheap next to an RL step): the filter must give every rank
 the same row list so that the epoch order and the partitions agree without communication.
 """
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 logger = logging.getLogger(__name__)
@@ -75,7 +78,7 @@ class PromptDataset(Sequence[Prompt]):
         logger.info("data: %d rows from %d file(s): kept %d, filtered %d longer than %s tokens, skipped %d bad",
                     index, len(self.files), len(self.prompts), too_long, max_prompt_length, len(bad))
         if not self.prompts:
-            raise DataError(f"no prompts left in {self.files} ({self.stats})")
+            raise DataError(_why_empty(self.files, self.stats, [len(x) for x in ids], max_prompt_length))
 
     @classmethod
     def from_config(cls, data_cfg, tokenizer, split: str = "train") -> "PromptDataset":
@@ -91,16 +94,66 @@ class PromptDataset(Sequence[Prompt]):
         return self.prompts[i]
 
 
+def _why_empty(files: list[str], stats: dict, lengths: list[int], max_prompt_length: int | None) -> str:
+    """The DataError message for a split with no usable prompt: which files, and what to change."""
+    if stats["rows"] == 0:
+        return f"no rows in {files}: the data files are empty"
+    if stats["filtered_too_long"]:
+        ordered = sorted(lengths)
+        median, longest = ordered[len(ordered) // 2], ordered[-1]
+        advice = (f"set data.max_prompt_length={longest} to keep all of them" if median == longest else
+                  f"set data.max_prompt_length={longest} to keep all of them, or {median} to keep half")
+        return (f"every prompt in {files} is longer than data.max_prompt_length={max_prompt_length} tokens "
+                f"({stats}); the templated prompts have {ordered[0]} to {longest} tokens (median {median}): "
+                f"{advice}")
+    return f"no prompts left in {files} ({stats}): every row was skipped as bad"
+
+
 def _read_rows(path: str, prompt_key: str) -> list[dict]:
+    """The rows of one data file; parquet reads only the schema's columns."""
     if not Path(path).is_file():
-        raise DataError(f"data file {path} does not exist")
-    schema = pq.read_schema(path)
+        raise DataError(f"data file {path} does not exist" + (" (it is a folder; list its files)"
+                                                               if Path(path).is_dir() else ""))
+    suffix = Path(path).suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        return _read_json_rows(path)
+    try:  # any other name is read as parquet
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as err:
+        raise DataError(f"data file {path} cannot be read as parquet ({err}); data files are parquet, .jsonl "
+                        "or .json") from None
     for required in (prompt_key, "data_source", "reward_model"):
         if required not in schema.names:
             raise DataError(f"{path}: row 0: missing field {required!r} (the file has no such column; it has "
                             f"{schema.names})")
     columns = [prompt_key, "data_source", "reward_model"] + (["extra_info"] if "extra_info" in schema.names else [])
     return pq.read_table(path, columns=columns).to_pylist()
+
+
+def _read_json_rows(path: str) -> list[dict]:
+    """Rows of a JSON-lines file (one object a line) or of a JSON file holding a list of objects."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"data file {path} cannot be read: {err}") from None
+    if path.lower().endswith(".json") and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataError(f"data file {path} is not valid JSON: {err}") from None
+    else:
+        rows = []
+        for line_no, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise DataError(f"data file {path}: line {line_no} is not a JSON object: {err}") from None
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: row {i}: expected a JSON object with prompt, data_source, reward_model; got "
+                            f"{type(row).__name__}")
+    return rows
 
 
 def _validate(row: dict, prompt_key: str) -> tuple[list[dict], str, Any, dict]:

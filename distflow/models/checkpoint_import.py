@@ -18,6 +18,7 @@ from distflow.models import tp_sharding
 from distflow.models.conversion import HFCheckpoint, hf_to_megatron_shard
 from distflow.models.hf_validation import check_hf_checkpoint
 from distflow.models.moe import num_experts
+from distflow.models.shape import ModelShape
 
 SOURCE_FILE = "distflow_hf_source.json"
 HF_ASSETS_DIR = "hf_assets"
@@ -42,16 +43,22 @@ class CheckpointLayout:
     """Virtual pipeline stages per rank (None: none)."""
 
     def validate(self, hf_config: dict) -> None:
+        """ValueError naming the sizes that do not divide the model (heads, KV heads, layers, experts)."""
         layers, experts = hf_config["num_hidden_layers"], num_experts(hf_config)
+        shape = ModelShape.from_hf_config(hf_config)
+        for what, count in (("attention heads", shape.num_heads), ("KV heads", shape.num_kv_heads)):
+            if count % self.tp:
+                raise ValueError(f"--tp {self.tp} does not divide the model's {count} {what}; choose a tp that "
+                                 f"divides {count} ({[k for k in range(1, count + 1) if count % k == 0]})")
         chunks = self.pp * (self.vpp or 1)
         if layers % chunks:
-            raise ValueError(f"{layers} layers do not split evenly over pp={self.pp} x vpp={self.vpp or 1}")
+            raise ValueError(f"{layers} layers do not split evenly over --pp {self.pp} x --vpp {self.vpp or 1}")
         if self.vpp and self.pp < 2:
             raise ValueError("vpp needs pp >= 2")
         if (self.ep > 1 or (self.etp or self.tp) != self.tp) and not experts:
             raise ValueError("ep / etp apply to MoE models only; this config has no experts")
         if experts and experts % self.ep:
-            raise ValueError(f"{experts} experts do not split over ep={self.ep}")
+            raise ValueError(f"--ep {self.ep} does not divide the model's {experts} experts")
 
     def data_parallel_size(self) -> int:
         """The smallest DP that Megatron accepts: TP x DP must be a multiple of ETP x EP."""

@@ -176,10 +176,7 @@ def dynamic_sampling(ctx, inputs):
     """DAG node: {"samples", "rewards"} of the first round -> {"kept_samples", "kept_rewards"}."""
     from distflow.rewards.overlong import shape_overlong
 
-    cfg, a = ctx.cfg, ctx.cfg.algorithm
-    if a.overlong_buffer_len > cfg.rollout.max_new_tokens:
-        raise ValueError(f"algorithm.overlong_buffer_len={a.overlong_buffer_len} exceeds rollout.max_new_tokens="
-                         f"{cfg.rollout.max_new_tokens}; it must be between 0 and that")
+    cfg, a = ctx.cfg, ctx.cfg.algorithm  # overlong_buffer_len <= max_new_tokens: checked by config validation
     holds = inputs["samples"] is not None
     if holds and ctx.prompt_loader is None:
         raise RuntimeError("dynamic sampling needs this rank's PromptLoader on ctx.prompt_loader (the trainer "

@@ -47,7 +47,7 @@ def test_unknown_section_names_the_closest_section(tmp_path):
     ("actor.tp=two", r"actor\.tp must be int, got 'two'"),
     ("actor.tp=true", r"actor\.tp must be int, got True"),
     ("rollout.placement=colo", r"rollout\.placement='colo' is not one of .*did you mean 'colocated'"),
-    ("data.train_files=a.parquet", r"data\.train_files must be a list"),
+    ("data.train_files={a: 1}", r"data\.train_files must be a list"),
     ("rollout.stop_token_ids=[1,x]", r"rollout\.stop_token_ids\[1\] must be int"),
     ("actor=3", r"actor must be a mapping"),
 ])
@@ -112,7 +112,7 @@ def test_bad_override_syntax_and_missing_file(tmp_path):
 
 def test_show_cli_prints_resolved_config_and_rejects_typos(tmp_path):
     path = write(tmp_path, "actor:\n  tp: 2\n")
-    out = subprocess.run([sys.executable, "-m", "distflow.config", "show", str(path), "rollout.n=3"],
+    out = subprocess.run([sys.executable, "-m", "distflow.config", "show", "--config-only", str(path), "rollout.n=3"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "tp: 2" in out.stdout and "n: 3" in out.stdout

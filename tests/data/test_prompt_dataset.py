@@ -67,3 +67,36 @@ def test_custom_prompt_key_and_no_extra_info(tmp_path, char_tokenizer):
              "reward_model": {"ground_truth": 5}}]
     ds = PromptDataset([write_rows(tmp_path / "a.parquet", rows)], char_tokenizer, prompt_key="messages")
     assert ds[0].ground_truth == 5 and ds[0].extra_info == {}
+
+
+def test_jsonl_and_json_files_are_read_like_parquet(tmp_path, char_tokenizer):
+    import json
+
+    rows = [make_row(0), make_row(1)]
+    lines = tmp_path / "a.jsonl"
+    lines.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    array = tmp_path / "b.json"
+    array.write_text(json.dumps(rows))
+    ds = PromptDataset([lines, array], char_tokenizer)
+    assert [p.ground_truth for p in ds] == ["0", "1", "0", "1"]
+    broken = tmp_path / "c.jsonl"
+    broken.write_text(json.dumps(rows[0]) + "\n{not json\n")
+    with pytest.raises(DataError, match=f"{broken}: line 2 is not a JSON object"):
+        PromptDataset([broken], char_tokenizer)
+
+
+def test_all_too_long_suggests_the_length_to_set(tmp_path, char_tokenizer):
+    # 17 + len(content) tokens each: 20, 21, 47
+    rows = [make_row(0, content="x" * 3), make_row(1, content="x" * 4), make_row(2, content="x" * 30)]
+    with pytest.raises(DataError, match=r"set data.max_prompt_length=47 to keep all of them, or 21 to keep half"):
+        PromptDataset([write_rows(tmp_path / "a.parquet", rows)], char_tokenizer, max_prompt_length=10)
+
+
+def test_empty_file_is_named(tmp_path, char_tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.Table.from_pylist([make_row(0)]).slice(0, 0), path)
+    with pytest.raises(DataError, match=r"no rows in .*empty.parquet.*empty"):
+        PromptDataset([path], char_tokenizer)

@@ -1,0 +1,212 @@
+"""Pre-flight: every check that the config and the files on disk allow, before anything heavy starts.
+
+Called by distflow.train on every rank after config validation and before any process group, Megatron,
+SGLang or model import (so a bad input costs seconds, not the minutes of loading a model and starting
+engines), and by `python -m distflow.config show`. It sits above distflow.config because its checks need
+the layers below the entry point: the pipelines (dag), the scorer registry (rewards), the data schema
+(data) and the checkpoint folder rules (checkpointing). Every failure is a ConfigError naming the key or
+file and what would be valid. Imports of those layers are inside the functions: `config show` of a bad
+key must stay instant.
+"""
+import difflib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distflow.config import ConfigError, DistFlowConfig
+
+
+@dataclass
+class PreflightReport:
+    """What the checks found (for `config show` and the start-up log)."""
+
+    prompts: dict = field(default_factory=dict)
+    """split -> prompts kept (train, val)."""
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        data = ", ".join(f"{n} {split} prompts" for split, n in self.prompts.items()) or "no data (smoke)"
+        return f"pre-flight checks passed in {self.seconds:.1f} s: {data}"
+
+
+def preflight(cfg: DistFlowConfig, cluster=None) -> PreflightReport:
+    """Runs every check; raises ConfigError on the first failure. cluster: the job's ClusterLayout when
+    known (distflow.train), so the pipeline's roles are checked against the ranks that host them."""
+    start = time.perf_counter()
+    report = PreflightReport()
+    check_pipeline(cfg, cluster)
+    check_model_paths(cfg)
+    check_reward(cfg)
+    if cfg.dag.pipeline != "smoke":  # the smoke run makes its own copy-task data
+        report.prompts = check_data(cfg)
+    check_resume(cfg)  # last: the checkpointing package imports torch (seconds)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def check_pipeline(cfg: DistFlowConfig, cluster=None) -> None:
+    """dag.pipeline exists and builds for this config; algorithm.* fits it (the checks of pipelines.py and
+    of the built-in DAGs, run here before any worker starts)."""
+    from distflow.pipelines import RUNNABLE, check_algorithm
+
+    name, a = cfg.dag.pipeline, cfg.algorithm
+    if name not in RUNNABLE and ":" not in name:
+        close = difflib.get_close_matches(name, RUNNABLE, n=1)
+        raise ConfigError(f"dag.pipeline={name!r} is not a built-in pipeline" +
+                          (f" (did you mean {close[0]}?)" if close else "") +
+                          f"; choose one of {list(RUNNABLE)} or a user pipeline 'module:function' / "
+                          "'path/to/file.py:function'")
+    check_algorithm(cfg)
+    if name in RUNNABLE and name != "dapo":  # user pipelines may use the DAPO filter node themselves
+        if a.dynamic_sampling:
+            raise ConfigError(f"algorithm.dynamic_sampling=true needs dag.pipeline=dapo (got {name}): only the DAPO "
+                              "pipeline has the dynamic-sampling node")
+        if a.overlong_buffer_len:
+            raise ConfigError(f"algorithm.overlong_buffer_len={a.overlong_buffer_len} (overlong reward shaping) "
+                              f"needs dag.pipeline=dapo (got {name}); set it to 0 or use dapo")
+    if name == "smoke":
+        return
+    from distflow.dag.graph import PipelineError
+    from distflow.dag.loading import load_pipeline
+
+    pipeline = load_pipeline(cfg)  # ConfigError for what a DAG cannot run (reward.model_path with dapo, ...)
+    if any(node.role == "critic" for node in pipeline.nodes) and not cfg.critic.enable:
+        raise ConfigError(f"dag.pipeline={name} has critic nodes but there is no critic: set critic.enable=true")
+    roles = None
+    if cluster is not None:
+        from distflow.dag.roles import ranks_of_role
+
+        roles = [role for role, ranks in ranks_of_role(cluster).items() if ranks]
+    try:
+        pipeline.validate(roles_with_ranks=roles)
+        for node in pipeline.nodes:
+            if isinstance(node.fn, str) and not node.fn.startswith("distflow."):
+                node.resolve()  # a user node's function must import (the built-in ones import Megatron)
+    except PipelineError as err:
+        raise ConfigError(f"dag.pipeline={name}: {err}") from None
+
+
+def check_model_paths(cfg: DistFlowConfig) -> None:
+    """model.path (and the tokenizer, critic, reward model and Megatron checkpoints named) exist."""
+    _hf_dir("model.path", cfg.model.path)
+    if cfg.model.tokenizer_path:
+        _existing_dir("model.tokenizer_path", cfg.model.tokenizer_path)
+    if cfg.critic.enable and cfg.critic.path:
+        _hf_dir("critic.path", cfg.critic.path)
+    if cfg.reward.model_path:
+        _hf_dir("reward.model_path", cfg.reward.model_path)
+    for role in ("actor", "critic", "ref"):
+        load = getattr(cfg, role).load
+        if load:
+            _existing_dir(f"{role}.load", load)
+
+
+def _hf_dir(key: str, path: str) -> None:
+    if not path:
+        raise ConfigError(f"{key} is not set: give a Hugging Face model directory (config.json, *.safetensors, "
+                          "tokenizer files)")
+    _existing_dir(key, path)
+    if not (Path(path) / "config.json").is_file():
+        raise ConfigError(f"{key}={path}: no config.json there (expected a Hugging Face model directory)")
+
+
+def _existing_dir(key: str, path: str) -> None:
+    if not Path(path).is_dir():
+        raise ConfigError(f"{key}={path}: no such directory")
+
+
+def check_reward(cfg: DistFlowConfig) -> None:
+    """reward.name is a known scorer (or auto) and reward.custom imports and meets the scorer contract."""
+    from distflow.rewards.registry import BUILTIN_SCORERS, EXPECTED_SIGNATURE, ScorerError, load_scorer
+
+    r = cfg.reward
+    if r.custom:
+        try:
+            load_scorer(r.custom)
+        except ScorerError as err:
+            why = str(err).removeprefix(f"scorer {r.custom!r}: ").removeprefix(f"scorer {r.custom!r} ")
+            contract = "" if EXPECTED_SIGNATURE in why else f" (a scorer is {EXPECTED_SIGNATURE})"
+            raise ConfigError(f"reward.custom={r.custom!r}: {why}{contract}") from None
+        return
+    if r.name != "auto" and r.name not in BUILTIN_SCORERS:
+        close = difflib.get_close_matches(r.name, list(BUILTIN_SCORERS) + ["auto"], n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"unknown reward.name {r.name!r}{hint}; choose auto (by data_source) or one of "
+                          f"{sorted(BUILTIN_SCORERS)}, or set reward.custom='module:function' or "
+                          "'path/to/file.py:function'")
+
+
+def check_resume(cfg: DistFlowConfig) -> None:
+    """checkpoint.resume names a checkpoint (or auto/never with a usable output folder)."""
+    from distflow.checkpointing import CheckpointError, resolve_resume
+
+    try:
+        resolve_resume(cfg.checkpoint.resume, cfg.trainer.output_dir)
+    except CheckpointError as err:
+        raise ConfigError(str(err)) from None
+
+
+def check_data(cfg: DistFlowConfig) -> dict:
+    """Loads the train (and val) split as the trainer will, with the tokenizer: the files exist and follow
+    the schema, at least one prompt fits data.max_prompt_length, and reward.name=auto has a scorer for every
+    data_source. Returns {split: prompts kept}."""
+    from distflow.data.prompts import DataError, PromptDataset
+
+    d = cfg.data
+    if not d.train_files:
+        raise ConfigError(f"data.train_files is empty: dag.pipeline={cfg.dag.pipeline} trains on prompts; give "
+                          "parquet/jsonl files in the common RL schema (tools/prepare_data.py writes some)")
+    for split in ("train", "val"):  # before the tokenizer loads: a wrong path is answered at once
+        for i, path in enumerate(getattr(d, f"{split}_files")):
+            if not Path(path).is_file():
+                raise ConfigError(f"data.{split}_files[{i}]={path}: no such file" +
+                                  (" (it is a folder: list its files)" if Path(path).is_dir() else ""))
+    tokenizer = _LazyTokenizer(cfg)  # loaded at the first prompt to tokenize: an empty or bad file is faster
+    kept = {}
+    for split in ("train", "val"):
+        if split == "val" and not d.val_files:
+            continue
+        try:
+            dataset = PromptDataset.from_config(d, tokenizer, split)
+        except DataError as err:
+            raise ConfigError(f"data.{split}_files: {err}") from None
+        if split == "val" or not cfg.reward.model_path:  # a reward model scores any training sample
+            _check_data_sources(cfg, split, dataset)
+        kept[split] = len(dataset)
+    return kept
+
+
+class _LazyTokenizer:
+    """The run's tokenizer, loaded on first use: importing transformers (and torch under it) takes seconds
+    to tens of seconds on a busy machine, and a missing, empty or malformed data file needs no tokenizer."""
+
+    def __init__(self, cfg: DistFlowConfig):
+        self._cfg, self._tokenizer = cfg, None
+
+    def _load(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer  # the tokenizer only; no model code is imported
+
+            m = self._cfg.model
+            path, key = (m.tokenizer_path, "model.tokenizer_path") if m.tokenizer_path else (m.path, "model.path")
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(path)
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"{key}={path}: cannot load a tokenizer there: {err}") from None
+        return self._tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self._load(), name)
+
+    def __call__(self, *args, **kwargs):
+        return self._load()(*args, **kwargs)
+
+
+def _check_data_sources(cfg: DistFlowConfig, split: str, dataset) -> None:
+    from distflow.rewards.registry import ScorerError, scorer_path
+
+    for source in sorted({p.data_source for p in dataset}):
+        try:
+            scorer_path(cfg.reward.name, cfg.reward.custom, source)
+        except ScorerError as err:
+            raise ConfigError(f"data.{split}_files: {err}") from None
