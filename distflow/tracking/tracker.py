@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 METRIC_PREFIXES = ("timing_s/", "perf/", "actor/", "critic/", "rollout/", "reward/", "advantage/", "val/", "sync/",
                    "data/", "dapo/")
 # What the console line shows first (those present); everything is in metrics.jsonl.
-_CONSOLE_KEYS = ("reward/mean", "val/reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
+_CONSOLE_KEYS = ("reward/mean", "val/reward/mean", "actor/pg_loss", "actor/kl", "actor/entropy",
                  "rollout/response_length/mean", "perf/throughput", "perf/time_per_step", "sync/seconds")
 _CONSOLE_MAX = 8
 
