@@ -43,10 +43,11 @@ _CONSOLE_MAX = 8
 class Tracker:
     """Metrics sink of one run. Every rank may build one; only rank 0 writes (elsewhere every call is a no-op).
 
-    cfg: a TrackingConfig (project, run_name, backends, wandb_mode, metric_names). output_dir: where metrics.jsonl,
-    tensorboard/ and wandb/ go. run_id: the id of the run to continue (from the checkpoint), or None for a
-    new run; `self.run_id` is the id to store in checkpoints (rank 0's is authoritative). resume_step: the
-    step of the checkpoint resumed from (later entries are dropped). config: the run's config, for W&B.
+    cfg: a TrackingConfig (project, run_name, backends, wandb_mode, metric_names). output_dir: where
+    metrics.jsonl, samples.jsonl, tensorboard/ and wandb/ go. run_id: the id of the run to continue (from the
+    checkpoint), or None for a new run; `self.run_id` is the id to store in checkpoints (rank 0's is
+    authoritative). resume_step: the step of the checkpoint resumed from (later entries are dropped). config:
+    the run's config, for W&B and TensorBoard.
     total_steps: the run's length, for the console's progress (step k/N, percent, time left).
     """
 
