@@ -7,7 +7,13 @@ between layouts, the weight sync and one small all-gather of metrics per step fo
 import time
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
+
+from distflow.tracking.perf import memory_metrics
+from distflow.tracking.profiling import StepProfiler
+from distflow.tracking.reduce import reduce_over_ranks
+from distflow.tracking.validation import ValidationTally, validation_metrics
 
 
 def run(ctx) -> None:
@@ -95,19 +101,30 @@ def run(ctx) -> None:
         if losses:
             ctx.log(f"supervised warm-up: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
+    cuda = ctx.device == "cuda"
+    profiler = StepProfiler(cfg.trainer.profile_steps, out_dir, ctx.rank, cuda=cuda)
+    actor_mfu = _actor_mfu(cfg, placement) if cuda else None
     for step in range(start_step + 1, cfg.trainer.total_steps + 1):
         start = time.perf_counter()
         node_ctx.metrics = {}
         node_ctx.rollout.step = step  # sampling seeds are a function of (trainer.seed, step, sample)
-        result = controller.run_step({"prompts": next(loader) if loader else None})
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()  # perf/max_memory_*: this step's peak
+        with profiler.step(step):
+            result = controller.run_step({"prompts": next(loader) if loader else None})
         metrics = {f"timing_s/{k}": v for k, v in result.timing_s.items()}
-        metrics.update(_mean_over_ranks(node_ctx.metrics))
+        # Each metric reduced over the ranks by what it means (max, min, sum, weighted mean: tracking/reduce.py).
+        metrics.update(reduce_over_ranks({**node_ctx.metrics, **memory_metrics(cuda)}))
         step_s = time.perf_counter() - start
-        metrics["perf/time_per_step"] = step_s
-        metrics["perf/throughput"] = metrics.get("rollout/tokens", 0.0) * placement.num_engines / step_s / \
-            placement.world_size
+        metrics["timing_s/step"] = metrics["perf/time_per_step"] = step_s
+        # rollout/tokens is the sum over all engines: tokens generated per second and GPU.
+        metrics["perf/throughput"] = metrics.get("rollout/tokens", 0.0) / step_s / placement.world_size
+        if actor_mfu is not None:
+            metrics.update(actor_mfu.metrics(metrics))
         if val_set is not None and cfg.trainer.val_every and (step % cfg.trainer.val_every == 0 or step == 1):
-            metrics.update(_validate(node_ctx, val_set, cfg, placement))
+            val_metrics, val_rows = _validate(node_ctx, val_set, cfg, placement)
+            metrics.update(val_metrics)
+            tracker.log_samples(val_rows, step)
         tracker.log(metrics, step)
         if checkpointer.should_save(step, cfg.trainer.total_steps):
             checkpointer.save(step, checkpointed, loader, tracker.run_id,
@@ -126,41 +143,46 @@ def run(ctx) -> None:
     coordinator.close()
 
 
-def _validate(node_ctx, val_set, cfg, placement) -> dict:
-    """Greedy answers to the held-out prompts on every engine; the mean reward over all of them."""
+def _validate(node_ctx, val_set, cfg, placement) -> tuple[dict, list[dict]]:
+    """Greedy answers to the held-out prompts on every engine (collective): the val/* metrics over all of
+    them and per data_source (tracking/validation.py), and up to tracking.val_samples sample rows."""
     from distflow.data.loader import val_batches
     from distflow.nodes.reward import score
 
-    total = [0.0, 0.0, 0.0]  # reward sum, samples, perfect answers
+    tokenizer, max_rows = node_ctx.tokenizer, cfg.tracking.val_samples
+    tally = ValidationTally(max_rows)
     if node_ctx.rollout.owner:
         for prompts in val_batches(val_set, cfg.data.val_batch_size, node_ctx.rollout.engine_index,
                                    placement.num_engines):
             if not prompts:
                 continue
-            samples = node_ctx.rollout.generate(prompts, node_ctx.tokenizer.eos_token_id, greedy=True)
-            saved = dict(node_ctx.metrics)
-            rewards = score(node_ctx, {"samples": samples})["rewards"].fields["rewards"]
+            samples = node_ctx.rollout.generate(prompts, tokenizer.eos_token_id, greedy=True)
+            saved = dict(node_ctx.metrics)  # the score node records training stats: keep the step's
+            rewards = score(node_ctx, {"samples": samples})["rewards"].fields["rewards"].tolist()
             node_ctx.metrics = saved
-            total[0] += float(rewards.sum())
-            total[1] += len(rewards)
-            total[2] += float((rewards >= 1.0).sum())
-    import torch
+            starts, tokens = samples.offsets("input_ids").tolist(), samples.fields["input_ids"]
+            for sample_id, start, reward in zip(samples.sample_ids.tolist(), starts, rewards):
+                info = node_ctx.rollout.infos[sample_id]
+                if len(tally.rows) < max_rows:  # decode only the rows that are kept
+                    prompt = tokenizer.decode(tokens[start:start + info.prompt_len].tolist(), skip_special_tokens=True)
+                    response = tokenizer.decode(info.response_ids, skip_special_tokens=True)
+                    tally.add(info.data_source, reward, prompt, response, info.ground_truth)
+                else:
+                    tally.add(info.data_source, reward)
+    tallies = [None] * dist.get_world_size()
+    dist.all_gather_object(tallies, tally)
+    return validation_metrics(tallies, max_rows)
 
-    sums = torch.tensor(total, dtype=torch.float64)
-    dist.all_reduce(sums)
-    count = sums[1].clamp(min=1)
-    return {"val/reward_mean": (sums[0] / count).item(), "val/accuracy": (sums[2] / count).item()}
 
+def _actor_mfu(cfg, placement):
+    """perf/mfu/actor's calculator on a GPU whose peak is known, else None (the metric is then absent)."""
+    from distflow.plan.model_size import ModelArch
+    from distflow.tracking.perf import ActorMFU, peak_flops
 
-def _mean_over_ranks(metrics: dict) -> dict:
-    """Each metric averaged over the ranks that recorded it (one small all-gather per step)."""
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, metrics)
-    merged: dict[str, list[float]] = {}
-    for m in gathered:
-        for k, v in m.items():
-            merged.setdefault(k, []).append(v)
-    return {k: sum(v) / len(v) for k, v in merged.items()}
+    peak = peak_flops(torch.cuda.get_device_name())
+    if peak is None:
+        return None
+    return ActorMFU(ModelArch.from_json(cfg.model.path), peak, len(placement.train_ranks), cfg.actor.ppo_epochs)
 
 
 def _build_critic(cfg, cluster, device: str):

@@ -1,4 +1,4 @@
-"""Draws a run's reward, response-length, KL and throughput curves from RUN_DIR/metrics.jsonl to PNG files.
+"""Draws a run's reward, accuracy, response-length, entropy, KL and throughput curves from metrics.jsonl as PNGs.
 
 Example: python tools/plot_metrics.py outputs/run            # writes outputs/run/plots/*.png
 A panel whose metrics the run never logged is skipped. When a step was logged twice (a resumed run), the
@@ -10,10 +10,14 @@ import re
 import sys
 from pathlib import Path
 
-# panel -> (title, y label, which metric names it shows)
+# panel -> (title, y label, which metric names it shows). Each pattern finds DistFlow's names and their verl
+# twins (tracking.metric_names=verl), and validation per data_source (val/<data_source>/..., "/" allowed).
 PANELS = {
-    "reward": ("Reward", "reward", re.compile(r"^reward/mean$|^val/(.+/)?reward/mean$")),
-    "response_length": ("Response length", "tokens", re.compile(r"^rollout/response_length/(mean|max|min)$")),
+    "reward": ("Reward", "reward", re.compile(r"^(reward|critic/score)/mean$|^val/(.+/)?reward/mean$")),
+    "accuracy": ("Validation accuracy (reward >= 1)", "fraction", re.compile(r"^val/(.+/)?accuracy$")),
+    "response_length": ("Response length", "tokens",
+                        re.compile(r"^(rollout/)?response_length/(mean|max|min)$")),
+    "entropy": ("Policy entropy", "nats/token", re.compile(r"^actor/entropy$")),
     "kl": ("KL", "KL", re.compile(r"^actor/.*kl")),
     "throughput": ("Throughput", "tokens/s/GPU", re.compile(r"^perf/throughput$")),
 }

@@ -213,6 +213,10 @@ class TrainerConfig:
     max_consecutive_bad_steps: int = option(
         3, "Optimizer steps in a row with a NaN/Inf loss or NaN/Inf gradients (each one skipped) after which "
         "the run stops with an error.")
+    profile_steps: list[int] = option(
+        [], "RL steps to record a torch.profiler trace of (e.g. [3, 10]), one Chrome/TensorBoard trace per rank "
+        "and step under <output_dir>/profile/rank<k>/ (chrome://tracing, Perfetto or TensorBoard's profiler "
+        "plugin); [] profiles nothing. See docs/metrics.md.")
 
 
 @dataclass
@@ -222,6 +226,11 @@ class TrackingConfig:
     backends: list[str] = option(["console", "jsonl"], "Any of console, jsonl, wandb, tensorboard.")
     wandb_mode: Literal["auto", "online", "offline", "disabled"] = option(
         "auto", "auto: online with WANDB_API_KEY set, else offline.")
+    metric_names: Literal["distflow", "verl"] = option(
+        "distflow", "Names metrics are written under: distflow (docs/metrics.md), or verl (those with a verl twin "
+        "under verl's name: reward/mean -> critic/score/mean, timing_s/generate -> timing_s/gen, ...).")
+    val_samples: int = option(8, "Validation samples (prompt, response, reward) logged as a table per validation "
+                                 "(W&B table, TensorBoard text, samples.jsonl); 0 logs none.")
 
 
 @dataclass

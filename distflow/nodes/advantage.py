@@ -42,6 +42,9 @@ def compute(ctx, inputs):
     else:  # reinforce_pp_baseline: r - group mean on every response token, whitened over all tokens
         centred = adv.group_baseline(r, samples.groups)[0].float()  # exactly 0 for all-equal groups
         values = _token_weighted_whiten(centred, _response_lengths(samples), group=None)
+    _record_stats(ctx, "advantage", values.float())
+    _record_stats(ctx, "reward/shaped", r.float())  # what is trained on (DAPO: after overlong shaping)
+    ctx.record(**{"advantage/samples": len(r)})  # the weight of the two means over ranks
     return {"advantages": PackedBatch(samples.sample_ids, samples.groups, samples.lengths,
                                       {"advantages": values.float()})}
 
@@ -86,7 +89,21 @@ def _token_level(ctx, inputs, values):
     else:
         raw, returns = adv.gae_advantages(token_rewards, values, mask, a.gamma, a.lam, whiten=False)
     advantages = _whiten_over_ranks(raw, mask)
+    # advantage/mean over the whole batch; max and min of this rank's tokens, reduced over ranks by max/min.
+    kept = advantages[mask.bool()]
+    ctx.record(**{"advantage/mean": _global_masked_mean(advantages, mask).item()})
+    if kept.numel():
+        ctx.record(**{"advantage/max": kept.max().item(), "advantage/min": kept.min().item()})
+    # Each sample's reward summed over its tokens: the outcome, minus the KL penalty when it is in the reward.
+    _record_stats(ctx, "reward/shaped", (token_rewards * mask).sum(-1))
     return advantages, returns, mask
+
+
+def _record_stats(ctx, prefix: str, values: torch.Tensor) -> None:
+    """<prefix>/mean|max|min of this rank's values (nothing when it holds none)."""
+    if values.numel():
+        ctx.record(**{f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(),
+                      f"{prefix}/min": values.min().item()})
 
 
 def _data_parallel_group():

@@ -19,7 +19,7 @@ def score(ctx, inputs):
         ended = info.finish_reason == "stop" and bool(info.response_ids) and info.response_ids[-1] == eos
         to_score.append(RewardSample(text, info.ground_truth, info.data_source, ended, info.extra_info))
     rewards, stats = ctx.reward_pool.score_batch(to_score)
-    ctx.record(**stats)
+    ctx.record(**stats, **{"reward/samples": len(rewards)})  # the weight of reward/mean over ranks
     return {"rewards": PackedBatch(samples.sample_ids, samples.groups, samples.lengths,
                                    {"rewards": torch.tensor(rewards, dtype=torch.float32)})}
 

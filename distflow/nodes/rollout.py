@@ -7,13 +7,19 @@ def generate(ctx, inputs):
     start = time.perf_counter()
     samples = ctx.rollout.generate(inputs["prompts"] or [], ctx.tokenizer.eos_token_id, balance=True)
     if samples is not None:
-        infos = ctx.rollout.infos.values()
+        infos = list(ctx.rollout.infos.values())
         lengths = [len(i.response_ids) for i in infos]
-        max_new = ctx.cfg.rollout.max_new_tokens
-        ctx.record(**{"rollout/response_length/mean": sum(lengths) / max(len(lengths), 1),
+        prompt_lengths = [i.prompt_len for i in infos]
+        count, max_new = max(len(lengths), 1), ctx.cfg.rollout.max_new_tokens
+        # Means over this engine's samples, weighted by rollout/samples over the engines (tracking/reduce.py).
+        ctx.record(**{"rollout/samples": len(lengths),
+                      "rollout/response_length/mean": sum(lengths) / count,
                       "rollout/response_length/max": max(lengths, default=0),
                       "rollout/response_length/min": min(lengths, default=0),
-                      "rollout/response_length/clip_ratio": sum(l >= max_new for l in lengths) / max(len(lengths), 1),
+                      "rollout/response_length/clip_ratio": sum(l >= max_new for l in lengths) / count,
+                      "rollout/prompt_length/mean": sum(prompt_lengths) / count,
+                      "rollout/prompt_length/max": max(prompt_lengths, default=0),
+                      "rollout/prompt_length/min": min(prompt_lengths, default=0),
                       "rollout/tokens": samples.num_tokens,
                       # the oldest weights behind any sample (all equal on-policy)
                       "rollout/weight_version": min((i.weight_version for i in infos),

@@ -22,7 +22,7 @@ def test_grpo_learns_the_copy_task(tmp_path):
     rewards = [r["reward/mean"] for r in rows]
     first, last = statistics.mean(rewards[:5]), statistics.mean(rewards[-5:])
     assert last >= first + 0.3, f"reward {first:.3f} -> {last:.3f}: {rewards}"
-    val = [r["val/reward_mean"] for r in rows if "val/reward_mean" in r]
+    val = [r["val/reward/mean"] for r in rows if "val/reward/mean" in r]
     assert val[-1] > val[0] + 0.2, val
     # Step 1: the actor recomputes the engine's log-probs on the same weights.
     assert rows[0]["rollout/logprob_diff_vs_actor"] <= 1e-3, rows[0]

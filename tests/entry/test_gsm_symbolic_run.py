@@ -31,5 +31,5 @@ def test_two_grpo_steps_on_gsm_symbolic_with_math_reward(tmp_path):
         assert 0.0 <= r["reward/mean"] <= 1.0 and r["rollout/tokens"] > 0, r
         assert "actor/pg_loss" in r and "timing_s/train_actor" in r, sorted(r)
     assert rows[0]["rollout/logprob_diff_vs_actor"] <= 1e-3, rows[0]
-    assert "val/reward_mean" in rows[-1], rows[-1]
+    assert "val/reward/mean" in rows[-1], rows[-1]
     assert (out / "hf" / "model.safetensors").is_file()

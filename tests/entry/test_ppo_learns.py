@@ -21,7 +21,7 @@ def test_ppo_with_a_critic_learns_the_copy_task(tmp_path):
     first, last = statistics.mean(rewards[:5]), statistics.mean(rewards[-5:])
     # Measured 0.044 -> 0.33 over 60 steps (seed 1); the margin leaves room for scheduling noise.
     assert last >= first + 0.2, f"reward {first:.3f} -> {last:.3f}: {rewards}"
-    val = [r["val/reward_mean"] for r in rows if "val/reward_mean" in r]
+    val = [r["val/reward/mean"] for r in rows if "val/reward/mean" in r]
     assert val[-1] > val[0] + 0.1, val
     # The critic tracks the returns it is trained on: they rise from ~0.03 to ~0.35 (measured gap 0.03 at the
     # end), which a critic that did not learn would not follow.

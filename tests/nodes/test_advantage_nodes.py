@@ -87,6 +87,14 @@ def test_reinforce_pp_node_puts_the_kl_penalty_in_the_reward():
     expected, _ = adv.reinforce_pp_advantages(penalised, mask, gamma=0.95)
     torch.testing.assert_close(to_padded(out["advantages"])["advantages"], expected)
     assert ctx.metrics["reward/kl_penalty"] == pytest.approx(0.3)
+    # critic/rewards in verl's names: each sample's outcome minus 0.03 on each of its response tokens.
+    shaped = torch.tensor([0.0, 0.25, 1.0, 0.5]) - 0.03 * torch.tensor(sorted(RESPONSES))
+    assert ctx.metrics["reward/shaped/mean"] == pytest.approx(float(shaped.mean()))
+    assert ctx.metrics["reward/shaped/max"] == pytest.approx(float(shaped.max()))
+    kept = expected[mask.bool()]
+    assert ctx.metrics["advantage/max"] == pytest.approx(float(kept.max()))
+    assert ctx.metrics["advantage/min"] == pytest.approx(float(kept.min()))
+    assert ctx.metrics["advantage/mean"] == pytest.approx(float(kept.mean()), abs=1e-6)
 
 
 def test_kl_in_reward_without_reference_log_probs_is_an_error():
@@ -102,8 +110,12 @@ def test_kl_in_reward_without_reference_log_probs_is_an_error():
 def test_outcome_node_matches_the_algorithm(estimator):
     samples = _samples()
     rewards = _rewards(samples, [1.0, 0.0, 0.5, 0.25])
-    out = advantage.compute(_ctx(adv_estimator=estimator), {"samples": samples, "rewards": rewards})
+    ctx = _ctx(adv_estimator=estimator)
+    out = advantage.compute(ctx, {"samples": samples, "rewards": rewards})
     per_sample = out["advantages"].fields["advantages"]
+    assert ctx.metrics["advantage/samples"] == 4 and ctx.metrics["reward/shaped/mean"] == pytest.approx(0.4375)
+    assert ctx.metrics["advantage/max"] == pytest.approx(float(per_sample.max()))
+    assert ctx.metrics["advantage/min"] == pytest.approx(float(per_sample.min()))
     # The node keeps the samples' own order (ids 12, 10, 13, 11); compare on the padded responses.
     mask = torch.zeros(len(RESPONSES), max(RESPONSES))
     for i, n in enumerate(RESPONSES):

@@ -76,11 +76,14 @@ def test_plot_metrics(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     with Tracker(config("jsonl"), tmp_path) as t:
         for step in range(1, 6):
-            t.log({"reward/mean": step / 5, "val/reward/mean": step / 6, "rollout/response_length/mean": 10.0 + step,
-                   "rollout/response_length/max": 20, "actor/kl_loss": 0.01 * step, "perf/throughput": 1e3}, step)
+            t.log({"reward/mean": step / 5, "val/reward/mean": step / 6, "val/openai/gsm8k/reward/mean": step / 7,
+                   "val/openai/gsm8k/accuracy": step / 10, "rollout/response_length/mean": 10.0 + step,
+                   "rollout/response_length/max": 20, "actor/kl_loss": 0.01 * step, "actor/entropy": 2.0 - step / 10,
+                   "perf/throughput": 1e3}, step)
     main = runpy.run_path(str(Path(__file__).parents[2] / "tools" / "plot_metrics.py"))["main"]
     written = main([str(tmp_path)])
-    assert sorted(p.name for p in written) == ["kl.png", "response_length.png", "reward.png", "throughput.png"]
+    assert sorted(p.name for p in written) == ["accuracy.png", "entropy.png", "kl.png", "response_length.png",
+                                               "reward.png", "throughput.png"]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
     assert str(tmp_path / "plots" / "reward.png") in capsys.readouterr().out
 
@@ -96,3 +99,54 @@ def test_console_shows_progress_and_time_left(tmp_path, capsys, monkeypatch):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("step 1/40 (2%) | reward/mean 0.5")
     assert lines[2].startswith("step 3/40 (8%, ~6m10s left) |"), lines  # 37 steps x 10 s
+
+
+def test_verl_metric_names(tmp_path, capsys):
+    cfg = config("console", "jsonl")
+    cfg.metric_names = "verl"
+    with Tracker(cfg, tmp_path) as t:
+        t.log({"reward/mean": 0.5, "reward/max": 1.0, "reward/shaped/mean": 0.4, "advantage/min": -1.0,
+               "rollout/response_length/clip_ratio": 0.1, "rollout/prompt_length/mean": 12.0,
+               "timing_s/generate": 2.0, "timing_s/train_actor": 3.0, "timing_s/step": 6.0,
+               "actor/pg_clipfrac": 0.2, "val/openai/gsm8k/reward/mean": 0.3}, 1)
+    (row,) = records(tmp_path)
+    assert {k: v for k, v in row.items() if k != "time"} == {
+        "step": 1, "critic/score/mean": 0.5, "critic/score/max": 1.0, "critic/rewards/mean": 0.4,
+        "critic/advantages/min": -1.0, "response_length/clip_ratio": 0.1, "prompt_length/mean": 12.0,
+        "timing_s/gen": 2.0, "timing_s/update_actor": 3.0, "timing_s/step": 6.0, "actor/pg_clipfrac": 0.2,
+        "val/openai/gsm8k/reward/mean": 0.3}
+    assert "critic/score/mean 0.5" in capsys.readouterr().out  # the console follows the scheme
+    cfg.metric_names = "megatron"
+    with pytest.raises(ValueError, match="metric_names='megatron'; choose from distflow, verl"):
+        Tracker(cfg, tmp_path / "other")
+
+
+def test_samples_table_in_jsonl_and_wandb(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    rows = [{"data_source": "openai/gsm8k", "prompt": "1+1?", "response": "2", "ground_truth": "2", "reward": 1.0},
+            {"data_source": "copy", "prompt": "abc", "response": "ab|c\nd", "ground_truth": "abc", "reward": 0.0}]
+    with Tracker(config("jsonl", "wandb"), tmp_path, run_id="tables01") as t:
+        t.log_samples(rows, 1)
+        t.log({"val/reward/mean": 0.5}, 1)
+        with pytest.raises(ValueError, match="every row needs the columns"):
+            t.log_samples([rows[0], {"prompt": "x"}], 2)
+    lines = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 1, "table": "val/samples", **row} for row in rows]
+    run_dir, = (tmp_path / "wandb").glob("offline-run-*-tables01")
+    tables = list(run_dir.rglob("media/table/val/samples_*.table.json"))
+    assert tables, sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
+    table = json.loads(tables[0].read_text())
+    assert table["columns"] == list(rows[0]) and table["data"][1][2] == "ab|c\nd"
+
+
+def test_tensorboard_config_and_samples_text(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with Tracker(config("tensorboard"), tmp_path, config={"actor": {"optim": {"lr": 1e-6}}}) as t:
+        t.log_samples([{"prompt": "p", "response": "a|b", "reward": 1.0}], 1)
+        t.log({"reward/mean": 0.5}, 1)
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0}).Reload()
+    text = {tag: events.Tensors(tag)[0].tensor_proto.string_val[0].decode() for tag in events.Tags()["tensors"]}
+    assert '"lr": 1e-06' in text["config/text_summary"]
+    assert "| p | a\\|b | 1.0 |" in text["val/samples/text_summary"]

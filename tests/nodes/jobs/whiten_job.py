@@ -14,6 +14,7 @@ from distflow.coordination.data import PackedBatch  # noqa: E402
 from distflow.layout import ParallelLayout, Placement  # noqa: E402
 from distflow.nodes import advantage  # noqa: E402
 from distflow.nodes.context import from_padded, to_padded  # noqa: E402
+from distflow.tracking.reduce import reduce_metrics  # noqa: E402
 
 REWARDS = [1.0, 0.0, 0.5, 0.25]
 
@@ -31,20 +32,29 @@ def main():
     local = samples.select(mine)
     by_id = {int(i): k for k, i in enumerate(values.sample_ids)}
     local_values = values.select([by_id[int(samples.sample_ids[k])] for k in mine])
-    ctx = _ctx(adv_estimator="gae", gamma=0.9, lam=0.8)
-    split = advantage.gae(ctx, {"samples": local, "rewards": rewards.select(mine), "values": local_values,
-                                "old_logprobs": None})["advantages"]
-    ctx = _ctx(adv_estimator="reinforce_pp_baseline")
-    outcome = advantage.compute(ctx, {"samples": local, "rewards": rewards.select(mine)})["advantages"]
+    gae_ctx = _ctx(adv_estimator="gae", gamma=0.9, lam=0.8)
+    split = advantage.gae(gae_ctx, {"samples": local, "rewards": rewards.select(mine), "values": local_values,
+                                    "old_logprobs": None})["advantages"]
+    outcome_ctx = _ctx(adv_estimator="reinforce_pp_baseline")
+    outcome = advantage.compute(outcome_ctx, {"samples": local, "rewards": rewards.select(mine)})["advantages"]
     gathered = [None, None]
     dist.all_gather_object(gathered, (split, outcome))
 
     # The same nodes on one "rank" holding everything: no collective (a process group of its own).
-    whole_gae = _single(lambda: advantage.gae(_ctx(adv_estimator="gae", gamma=0.9, lam=0.8),
-                                              {"samples": samples, "rewards": rewards, "values": values,
-                                               "old_logprobs": None})["advantages"])
-    whole_out = _single(lambda: advantage.compute(_ctx(adv_estimator="reinforce_pp_baseline"),
-                                                  {"samples": samples, "rewards": rewards})["advantages"])
+    whole_gae_ctx = _ctx(adv_estimator="gae", gamma=0.9, lam=0.8)
+    whole_out_ctx = _ctx(adv_estimator="reinforce_pp_baseline")
+    whole_gae = _single(lambda: advantage.gae(whole_gae_ctx, {"samples": samples, "rewards": rewards,
+                                                              "values": values, "old_logprobs": None})["advantages"])
+    whole_out = _single(lambda: advantage.compute(whole_out_ctx, {"samples": samples,
+                                                                  "rewards": rewards})["advantages"])
+    # The step metrics of the two ranks, reduced as the trainer does, are the single process's.
+    for ctx, whole_ctx in ((gae_ctx, whole_gae_ctx), (outcome_ctx, whole_out_ctx)):
+        per_rank = [None, None]
+        dist.all_gather_object(per_rank, ctx.metrics)
+        reduced = reduce_metrics(per_rank)
+        for name in ("advantage/mean", "advantage/max", "advantage/min", "reward/shaped/mean",
+                     "reward/shaped/max", "reward/shaped/min"):
+            torch.testing.assert_close(reduced[name], whole_ctx.metrics[name], msg=name)
     joined_gae = PackedBatch.concat([g[0] for g in gathered]).sorted_by_id()
     joined_out = PackedBatch.concat([g[1] for g in gathered]).sorted_by_id()
     torch.testing.assert_close(to_padded(joined_gae)["advantages"], to_padded(whole_gae)["advantages"])
