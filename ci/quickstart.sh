@@ -24,15 +24,20 @@ if [[ ! -f "$data/train.parquet" ]]; then
   "$py" tools/prepare_data.py copy --out "$data" --digits 4 --train 9000 --test 64 --seed 1
 fi
 out="outputs/grpo_copy"
-rm -f "$out/metrics.jsonl"  # a fresh run each time (checkpoint resume of RL runs is not in yet)
+# Every run of the main job is a fresh run with the same result: the last run's folder is kept beside it
+# (one copy) rather than resumed, since a finished run resumed would train no step. To continue a run, call
+# torchrun directly with trainer.output_dir=... (checkpoint.resume=auto takes its latest checkpoint).
+if [[ -e "$out" ]]; then
+  rm -rf "$out.previous"
+  mv "$out" "$out.previous"
+  echo "[quickstart] the last run is kept in $out.previous; this one starts fresh in $out"
+fi
 "${run[@]}" examples/configs/grpo_copy_cpu.yaml model.path="$model" trainer.output_dir="$out" "$@"
-"$py" - "$out/metrics.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-print("\nreward per step (mean over 8 samples x 32 prompts):")
-for r in rows[::5] + ([rows[-1]] if (len(rows) - 1) % 5 else []):
-    bar = "#" * int(40 * r["reward/mean"])
-    val = f"  held-out {r['val/reward_mean']:.2f} (exact {r['val/accuracy']:.2f})" if "val/reward_mean" in r else ""
-    print(f"  step {r['step']:3d}  {r['reward/mean']:.3f} {bar}{val}")
-PY
+"$py" tools/summarize_run.py "$out"
+cat <<'TXT'
+What the numbers mean: each prompt is 4 digits and the answer is the same 4 digits then EOS. The reward is
+the fraction of positions of (answer + EOS) the response got right (a random policy scores about 0.05;
+1.0 is a perfect copy that stops). "held-out" is the greedy reward on 64 prompts never trained on, and
+"exact" the fraction of them answered perfectly: the task is solved when exact nears 1.0.
+TXT
 "$py" tools/plot_metrics.py "$out"

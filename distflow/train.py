@@ -24,12 +24,20 @@ import time
 from dataclasses import dataclass
 
 from distflow.config import ConfigError, DistFlowConfig, resolve
+from distflow.library_noise import silence_library_noise
 from distflow.layout import ClusterLayout, LayoutError
 from distflow.models.shape import ModelShape
 from distflow.preflight import check_model_paths, preflight
 
 # What a bad input raises before any process group exists: answered with one line and exit code 2.
 EARLY_ERRORS = (ConfigError, LayoutError, FileNotFoundError, ValueError)
+_STARTED = time.monotonic()  # progress lines count from the process start
+
+
+def progress(message: str) -> None:
+    """A timestamped progress line (rank 0 prints; the others stay quiet)."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"[distflow {time.strftime('%H:%M:%S')} +{time.monotonic() - _STARTED:.1f}s] {message}", flush=True)
 
 
 @dataclass
@@ -46,7 +54,7 @@ class RunContext:
 
     def log(self, message: str) -> None:
         if self.rank == 0:
-            print(f"[distflow] {message}", flush=True)
+            progress(message)
 
 
 def parse_args(argv=None):
@@ -66,12 +74,12 @@ def prepare(argv=None) -> RunContext:
     shape = ModelShape.from_hf_dir(cfg.model.path)
     cluster = ClusterLayout.from_config(cfg, world_size, shape)
     report = preflight(cfg, cluster)
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"[distflow] {report.describe()}", flush=True)
+    progress(report.describe())
 
     from distflow import distributed
 
     device = distributed.resolve_device(cfg.trainer.device)
+    silence_library_noise(cuda=device != "cpu")  # before Megatron-Core is imported
     env = distributed.init_process_group(device, cfg.trainer.dist_timeout_s)
     trains = distributed.initialize_megatron_groups(cluster.actor, cluster.placement, cfg.trainer.dist_timeout_s)
     distributed.seed_everything(cfg.trainer.seed, trains)

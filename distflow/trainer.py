@@ -59,7 +59,11 @@ def run(ctx) -> None:
             node_ctx.reward_model = build_reward_model(cfg, cluster.reward_model, tokenizer, ctx.device)
         if any(node.role == "critic" for node in pipeline.nodes):
             node_ctx.critic = _build_critic(cfg, cluster, ctx.device)
+    if ctx.trains:
+        ctx.log("Megatron workers built: " + ", ".join(
+            role for role in ("actor", "ref", "critic", "reward_model") if getattr(node_ctx, role) is not None))
     node_ctx.rollout = RolloutWorker(cfg, placement, ctx.rank, cfg.model.path)
+    ctx.log(f"{placement.num_engines} SGLang engine(s) up")
     train_set = PromptDataset.from_config(cfg.data, tokenizer, "train")
     val_set = PromptDataset.from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None
     loader = None
@@ -89,6 +93,10 @@ def run(ctx) -> None:
         node_ctx.rollout.continue_versions_from(checkpointer.meta["rollout_weight_version"] - 1)
         sync_weights(node_ctx, {})  # becomes the checkpoint's version again
         ctx.log(f"resumed from {checkpointer.resume_from} after step {start_step}")
+        if start_step >= cfg.trainer.total_steps:
+            ctx.log(f"nothing to train: the checkpoint is at step {start_step} and trainer.total_steps="
+                    f"{cfg.trainer.total_steps}; raise trainer.total_steps to continue the run, or start a new one "
+                    "with another trainer.output_dir (or checkpoint.resume=never)")
     elif cfg.trainer.sft_warmup_steps:
         from distflow.nodes.sync import sync_weights
         from distflow.nodes.warmup import reference_from_actor, sft_warmup

@@ -74,6 +74,33 @@ def test_samples_carry_rollout_logprobs(started):
     assert len({tuple(s.response_ids) for s in samples[:4]}) > 1, "the n samples of a prompt should differ"
 
 
+def test_seeded_samples_follow_the_policy(started, tiny_qwen2):
+    """Seeded sampling (the CPU stand-in re-seeds before every token) draws each token from the policy: the
+    count of tokens that repeat the previous one matches its probability under the HF model, and the sampled
+    tokens' mean -log p matches the policy's mean entropy on the same positions (at temperature 1 the two are
+    equal in expectation). With a seed that reused token 0's random numbers for token 1, a near-uniform tiny
+    model repeated its first token in most samples."""
+    from transformers import AutoModelForCausalLM
+
+    prompts = [[5 + i, 6 + i, 7 + i, 8 + i] for i in range(8)]
+    samples = generate(started["engine"], prompts, n=32, temperature=1.0, max_new_tokens=6, seed=11)
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32)
+    repeats, expected_repeats, gaps = 0, 0.0, []
+    with torch.no_grad():
+        for s in samples:
+            prompt = prompts[s.prompt_index]
+            logp = torch.log_softmax(model(torch.tensor([prompt + s.response_ids])).logits[0].double(), -1)
+            for t, token in enumerate(s.response_ids):
+                row = logp[len(prompt) - 1 + t]
+                gaps.append(-row[token].item() + (row.exp() * row).sum().item())
+                if t:
+                    repeats += token == s.response_ids[t - 1]
+                    expected_repeats += row[s.response_ids[t - 1]].exp().item()
+    assert repeats <= expected_repeats + 5 * math.sqrt(expected_repeats) + 3, (repeats, expected_repeats)
+    gaps = torch.tensor(gaps)
+    assert abs(gaps.mean()) < 5 * gaps.std() / math.sqrt(len(gaps)), (gaps.mean(), gaps.std(), len(gaps))
+
+
 def test_same_seed_gives_the_same_samples(started, tiny_qwen2):
     twin = start_engine(tiny_qwen2, seed=0)
     try:
