@@ -85,11 +85,10 @@ def _cause(plan, part, reestimate) -> Cause:
     if part.kind in ("states", "activations"):
         return _role_cause(plan, part, reestimate)
     remedies = []
+    # (The generating engine's "weights + KV pool" is a share of what the other parts leave: never the cause.)
     if part.kind == "engine_weights":
         remedies.append(Remedy(f"raise rollout.engine_tp (now {plan.cluster.placement.engine_tp}; x2 halves it)",
                                part.bytes / 2))
-    elif part.kind == "engine":  # weights + KV pool while generating: mem_fraction_static of the free memory
-        remedies.append(Remedy(f"lower rollout.mem_fraction_static (now {plan.mem_fraction})", part.bytes * 0.1))
     elif part.kind == "engine_kept":
         remedies.append(Remedy("rollout.release_memory_in_training=true", part.bytes))
     elif part.kind == "staging":

@@ -171,7 +171,7 @@ def _phases(plan: Plan, colocated: bool) -> list[Phase]:
     phases = []
     # Negative when the resident states alone exceed the GPU (the engine cannot start): counted as nothing.
     engine = Part("engine weights + KV pool", max(0.0, plan.engine.static_total), "engine")
-    parts = [states(m) for m in plan.roles.values()] + [engine] if colocated else [engine]
+    parts = ([states(m) for m in plan.roles.values()] + [engine]) if colocated else [engine]
     where = train_where if colocated else "rollout ranks"
     phases.append(Phase("generate", where, tuple(parts)))
     # A released engine resumes only its weights for the sync (the KV cache returns at generation).
