@@ -5,14 +5,16 @@ Examples: python tools/convert_megatron_to_hf.py --megatron /ckpt/qwen3-moe --ou
 
 --megatron takes a folder written by tools/convert_hf_to_megatron.py, or an RL checkpoint: a role folder
 (<output_dir>/checkpoints/step_N/actor), a step folder (step_N: its --role, default actor), the run's
-checkpoints/ folder or its `latest` file (the newest step). The export of an RL step equals, bit for bit,
-what the trainer writes to <output_dir>/hf (checkpoint.export_hf) when that step is the last.
+checkpoints/ folder or its `latest` file (the newest step). The export of an RL step holds the same tensors
+as what the trainer writes to <output_dir>/hf (checkpoint.export_hf) when that step is the last, and the same
+bytes when the model fits one --max-shard-size file (the trainer writes one model.safetensors).
 
 Streams one decoder layer at a time from the checkpoint (any layout it was saved from) into sharded
 safetensors (model-0000X-of-0000Y.safetensors + model.safetensors.index.json), so memory stays near
 --max-shard-size plus the largest layer. config.json, tokenizer and generation config come from the copy
 recorded next to the checkpoint (at import, or at each RL save); an RL checkpoint of an older DistFlow has
-none: pass --hf-config with the run's model.path. --verify re-reads what was written and compares every tensor with the checkpoint.
+none: pass --hf-config with the run's model.path. --verify re-reads what was written and compares every
+tensor with the checkpoint.
 A checkpoint that cannot be exported (missing or unreadable files, a recorded config its tensors disagree
 with, an unsupported architecture) stops the tool with exit code 2 and the key, file or field at fault.
 """
