@@ -1,7 +1,9 @@
 """Checkpointer: a run's whole training state saved every checkpoint.save_every steps and restored on resume.
 
 One checkpoint folder (step_<N>, see directory.py) holds:
-    <role>/          each trainable worker's Megatron dist checkpoint (model + optimizer, worker_state.py)
+    <role>/          each trainable worker's Megatron dist checkpoint (model + optimizer, worker_state.py),
+                     with its HF source (config, tokenizer: model_folder.py), so that
+                     tools/convert_megatron_to_hf.py exports it and <role>.load starts from it
     rank_<r>.pt      rank r's own state: RNG streams, its prompt loader's position, the LR schedulers
     meta.json        step, tracker run id, world size and each role's layout and model (written last)
 Every rank calls save/restore together. Resuming needs the same world size, layouts and model: the per-rank
@@ -16,13 +18,14 @@ import torch.distributed as dist
 
 from distflow.checkpointing.directory import META_FILE, CheckpointDirectory, resolve_resume
 from distflow.checkpointing.errors import CheckpointError
+from distflow.checkpointing.model_folder import record_hf_source
 from distflow.checkpointing.rng import capture_rng_state, restore_rng_state
 from distflow.checkpointing.worker_state import load_worker, save_worker
 
 FORMAT = "distflow-training-checkpoint"
 FORMAT_VERSION = 1
 # The HF config fields that identify a model's architecture (a checkpoint of another model cannot load).
-_MODEL_FIELDS = ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+MODEL_FIELDS = ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                  "intermediate_size", "vocab_size", "tie_word_embeddings")
 
 
@@ -94,6 +97,8 @@ class Checkpointer:
                    staging / f"rank_{self.rank}.pt")
         dist.barrier()
         if self.rank == 0:
+            for role, worker in workers.items():
+                record_hf_source(staging / role, worker, role, step)
             meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step, "run_id": run_id,
                     **describe_run(workers, self.world_size), **extra}
             (staging / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
@@ -112,7 +117,7 @@ def describe_run(workers: dict, world_size: int) -> dict:
     for role, worker in workers.items():
         config = worker.checkpoint.config
         roles[role] = {"layout": dataclasses.asdict(worker.layout),
-                       "model": {k: config.get(k) for k in _MODEL_FIELDS}}
+                       "model": {k: config.get(k) for k in MODEL_FIELDS}}
     return {"world_size": world_size, "roles": roles}
 
 

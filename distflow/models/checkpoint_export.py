@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from distflow.models import expert_layout, weight_mapping
-from distflow.models.checkpoint_import import DTYPES, HF_ASSETS_DIR, read_source
+from distflow.models.checkpoint_import import DTYPES, HF_ASSETS_DIR, hf_dtype, read_source
 from distflow.models.checkpoint_import import SOURCE_FILE as SOURCE_FILE_NAME
 from distflow.models.conversion import HFCheckpoint, megatron_full_to_hf
 from distflow.models.hf_validation import InvalidHFCheckpoint, expected_hf_shapes, spec_or_error
@@ -35,6 +35,8 @@ from distflow.models.hf_validation import InvalidHFCheckpoint, expected_hf_shape
 _EXPERTS_KEY = "mlp.experts.experts."  # SequentialMLP's global-expert prefix in sharded keys
 _LOCAL_EXPERT = "mlp.experts.local_experts."
 _MODEL_MODULES = ("embedding", "decoder", "output_layer")  # GPTModel's top-level modules
+# Weight files of an HF directory, never copied beside the exported ones (the import tool skips the same).
+WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth", ".gguf")
 
 
 class InvalidMegatronCheckpoint(ValueError):
@@ -231,14 +233,53 @@ def read_export_source(megatron_dir) -> dict:
     """The checkpoint's SOURCE_FILE, or InvalidMegatronCheckpoint saying what is missing or unreadable."""
     try:
         source = read_source(megatron_dir)
-    except (FileNotFoundError, AssertionError) as error:
+    except FileNotFoundError as error:
+        if (Path(megatron_dir).parent / "meta.json").is_file():  # a role folder of an RL checkpoint
+            raise InvalidMegatronCheckpoint(
+                f"{megatron_dir}: an RL checkpoint written before DistFlow recorded its HF source (no "
+                f"{SOURCE_FILE_NAME}); pass the HF model directory it was trained from (the run's model.path), "
+                "e.g. tools/convert_megatron_to_hf.py --hf-config MODEL_DIR") from None
+        raise InvalidMegatronCheckpoint(f"{error} (or pass --hf-config MODEL_DIR: the HF model it was made from)") \
+            from None
+    except AssertionError as error:
         raise InvalidMegatronCheckpoint(str(error)) from None
     except ValueError as error:  # json.JSONDecodeError
         raise InvalidMegatronCheckpoint(f"{megatron_dir}/{SOURCE_FILE_NAME} is not valid JSON: {error}") from None
     missing = [k for k in ("hf_config", "dtype", "expert_layout") if k not in source]
     if missing:
         raise InvalidMegatronCheckpoint(f"{megatron_dir}/{SOURCE_FILE_NAME}: fields {missing} are missing")
+    if source.get("value_head"):
+        raise InvalidMegatronCheckpoint(
+            f"{megatron_dir} is the {source.get('distflow_role', 'critic')}'s checkpoint: its output layer is a "
+            "value head, which has no Hugging Face causal-LM counterpart; export the actor's folder")
     return source
+
+
+def export_source(megatron_dir, hf_source=None) -> tuple[dict, Path]:
+    """(source record, folder of the HF non-weight files) for exporting `megatron_dir`: the record the
+    checkpoint holds, or, with hf_source (an HF model directory: config.json, tokenizer), one made from it."""
+    if hf_source is None:
+        assets = Path(megatron_dir) / HF_ASSETS_DIR
+        source = read_export_source(megatron_dir)
+        if not assets.is_dir():
+            raise InvalidMegatronCheckpoint(f"{megatron_dir}: no {HF_ASSETS_DIR}/ (the HF config and tokenizer "
+                                            "files tools/convert_hf_to_megatron.py copies next to the checkpoint)")
+        return source, assets
+    try:
+        ckpt = HFCheckpoint(hf_source)
+        dtype = str(hf_dtype(ckpt.config)).removeprefix("torch.")
+    except (OSError, ValueError, KeyError) as error:
+        raise InvalidMegatronCheckpoint(f"--hf-config {hf_source}: not a readable HF model directory "
+                                        f"({type(error).__name__}: {error})") from None
+    return {"hf_config": ckpt.config, "dtype": dtype, "expert_layout": ckpt.expert_layout}, Path(hf_source)
+
+
+def _copy_assets(assets: Path, out_dir: Path) -> None:
+    """The HF non-weight files (config, tokenizer, generation config) of `assets` into a new out_dir."""
+    out_dir.mkdir(parents=True)
+    for f in assets.iterdir():
+        if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES):
+            shutil.copy2(f, out_dir / f.name)
 
 
 def source_spec(megatron_dir, hf_config: dict):
@@ -250,27 +291,25 @@ def source_spec(megatron_dir, hf_config: dict):
 
 
 def export_to_hf(megatron_dir, out_dir, max_shard_bytes: int = 5 * 2**30, dtype: str | None = None,
-                 progress: bool = True) -> dict:
-    """Writes the HF model directory `out_dir` from a dist checkpoint made by checkpoint_import.
+                 progress: bool = True, hf_source=None) -> dict:
+    """Writes the HF model directory `out_dir` from a dist checkpoint holding a GPTModel's sharded state:
+    one made by checkpoint_import, or a role folder of an RL checkpoint (step_<N>/actor).
 
-    dtype: the safetensors dtype (default: the source checkpoint's). Returns a summary (files, bytes,
-    tensors). Runs in one process, without torch.distributed.
+    dtype: the safetensors dtype (default: the source checkpoint's). hf_source: an HF model directory
+    to take the config and tokenizer from, for a checkpoint that records none (default: the recorded
+    ones). Returns a summary (files, bytes, tensors). Runs in one process, without torch.distributed.
     """
     from tqdm import tqdm
 
-    source = read_export_source(megatron_dir)
+    source, assets = export_source(megatron_dir, hf_source)
     hf_config, spec = source["hf_config"], source_spec(megatron_dir, hf_config=source["hf_config"])
     target_dtype = DTYPES[dtype or source["dtype"]]
     out_dir = Path(out_dir)
-    assets = Path(megatron_dir) / HF_ASSETS_DIR
-    if not assets.is_dir():
-        raise InvalidMegatronCheckpoint(f"{megatron_dir}: no {HF_ASSETS_DIR}/ (the HF config and tokenizer files "
-                                        "tools/convert_hf_to_megatron.py copies next to the checkpoint)")
     reader = DistCheckpointReader(megatron_dir, spec, hf_config)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    shutil.copytree(assets, tmp)
+    _copy_assets(assets, tmp)
     try:
         writer = ShardedSafetensorsWriter(tmp, max_shard_bytes)
         count = 0
@@ -297,12 +336,12 @@ def export_to_hf(megatron_dir, out_dir, max_shard_bytes: int = 5 * 2**30, dtype:
     return {"files": files, "bytes": writer.total_bytes, "tensors": count}
 
 
-def verify_export(megatron_dir, hf_dir, progress: bool = True) -> list[str]:
+def verify_export(megatron_dir, hf_dir, progress: bool = True, hf_source=None) -> list[str]:
     """Re-reads the written safetensors part by part and compares them with the checkpoint (after the
     same dtype cast). Returns the differences (empty: every tensor equal, none missing or extra)."""
     from tqdm import tqdm
 
-    source = read_export_source(megatron_dir)
+    source, _ = export_source(megatron_dir, hf_source)
     hf_config, spec = source["hf_config"], source_spec(megatron_dir, hf_config=source["hf_config"])
     written = HFCheckpoint(hf_dir)
     written_names = set(written.names())

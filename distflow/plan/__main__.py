@@ -3,13 +3,16 @@ rank goes, what each GPU will hold, and how data and weights move, without start
 
 The model's architecture comes from --model-config (a HF config.json, or a model directory), else from
 model.path/config.json. examples/model_configs/ ships the published configs of the example models, so a
-plan for a 235B run needs neither the checkpoint nor a GPU. Exit status: 0 (printed, warnings included),
-2 (config, layout or model error: nothing would start).
+plan for a 235B run needs neither the checkpoint nor a GPU.
+Exit status: 0 the plan fits (printed; warnings about other things may be included); 1 it does not fit:
+a phase needs more than the GPU, or the engine cannot start or hold one full-length sample (printed, each
+shortfall with its causes largest first and the knobs that reduce them); 2 a config, layout or model
+error (nothing would start).
 
 Examples:
-    python -m distflow.plan examples/configs/rl_gpu.yaml actor.tp=2 rollout.engine_tp=2 \\
+    python -m distflow.plan examples/configs/gpu_base.yaml actor.tp=2 rollout.engine_tp=2 \\
         model.path=/models/Qwen2.5-7B --world-size 8 --gpu-memory-gb 80
-    python -m distflow.plan my.yaml --world-size 128 --gpu-memory-gb 80 \\
+    python -m distflow.plan examples/configs/gpu_base.yaml --world-size 128 --gpu-memory-gb 80 \\
         --model-config examples/model_configs/qwen3-235b-a22b.json --bandwidth-gbps 400
 """
 import argparse
@@ -21,6 +24,8 @@ from distflow.dag.graph import PipelineError
 from distflow.layout import LayoutError
 from distflow.plan.model_size import ModelArch
 from distflow.plan.report import ATTENTION_TODAY, build_plan, render
+
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_ERROR = 0, 1, 2
 
 
 def main(argv=None) -> int:
@@ -49,9 +54,9 @@ def main(argv=None) -> int:
                           arch_source=str(source), attention=ns.attention)
     except (ConfigError, LayoutError, PipelineError, FileNotFoundError, ValueError) as err:
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     print(render(plan))
-    return 0
+    return EXIT_FITS if plan.fits else EXIT_DOES_NOT_FIT
 
 
 if __name__ == "__main__":

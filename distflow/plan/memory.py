@@ -70,19 +70,30 @@ class ModelStates:
 
 
 def model_state_bytes(params: ShardParams, dtype: str, trains: bool, distributed_optimizer: bool,
-                      dense_dp: int, expert_dp: int) -> ModelStates:
+                      dense_dp: int, expert_dp: int, cpu_offload_fraction: float = 0.0) -> ModelStates:
     """Weights, gradients and optimizer states on one GPU holding `params`.
 
     dense_dp / expert_dp: the ranks the distributed optimizer shards dense / expert states over
-    (DP x CP, and world / (pp x ep x etp)).
+    (DP x CP, and world / (pp x ep x etp)). cpu_offload_fraction: the share of the optimizer states
+    Megatron's HybridDeviceOptimizer keeps in CPU memory (optimizer_cpu_offload, optimizer_offload_fraction).
     """
     b = bytes_per_param(dtype)
     if not trains:
         return ModelStates(weights=params.total * b.weight, grads=0.0, optimizer=0.0, optimizer_unsharded=0.0)
     unsharded = params.total * b.optimizer
     sharded = params.dense * b.optimizer / dense_dp + params.expert * b.optimizer / expert_dp
-    return ModelStates(weights=params.total * b.weight, grads=params.total * b.grad,
-                       optimizer=sharded if distributed_optimizer else unsharded, optimizer_unsharded=unsharded)
+    on_gpu = (sharded if distributed_optimizer else unsharded) * (1.0 - cpu_offload_fraction)
+    return ModelStates(weights=params.total * b.weight, grads=params.total * b.grad, optimizer=on_gpu,
+                       optimizer_unsharded=unsharded)
+
+
+def optimizer_cpu_offload_fraction(optim) -> float:
+    """The share of the optimizer states an OptimizerConfig section offloads to CPU (0: none), as Megatron
+    reads optim.megatron: optimizer_cpu_offload on, optimizer_offload_fraction (Megatron's default 0.0)."""
+    extra = optim.megatron or {}
+    if not extra.get("optimizer_cpu_offload"):
+        return 0.0
+    return float(extra.get("optimizer_offload_fraction", 0.0))
 
 
 def layer_activation_elements(arch: ModelArch, tp: int, sequence_parallel: bool, etp: int = 1,

@@ -11,13 +11,13 @@ resumes only its weights, and the sync's staging buffers come on top.
 """
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from distflow.config.schema import DistFlowConfig
 from distflow.dag.loading import load_pipeline
 from distflow.dag.roles import ranks_of_role
 from distflow.layout import ClusterLayout, ParallelLayout
-from distflow.plan import memory
+from distflow.plan import diagnosis, memory
 from distflow.plan.data_estimate import DataEstimate, estimate_data, micro_batch_tokens, micro_batches
 from distflow.plan.memory import GiB, Activations, EngineMemory, ModelStates
 from distflow.plan.model_size import ModelArch, engine_params_per_gpu, megatron_shard_params, padded_vocab
@@ -50,15 +50,24 @@ class RoleMemory:
         return self.states.total + (self.activations.total if self.activations else 0.0)
 
 
+class Part(NamedTuple):
+    """One thing a phase holds on a GPU."""
+    label: str
+    bytes: float
+    kind: str
+    """states | activations (of `role`) | engine (weights + KV pool) | engine_weights | engine_kept | staging"""
+    role: Optional[str] = None
+
+
 @dataclass(frozen=True)
 class Phase:
     name: str
     where: str
-    parts: tuple[tuple[str, float], ...]
+    parts: tuple[Part, ...]
 
     @property
     def total(self) -> float:
-        return sum(b for _, b in self.parts)
+        return sum(p.bytes for p in self.parts)
 
 
 @dataclass
@@ -79,6 +88,12 @@ class Plan:
     reshard: ReshardEstimate
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    shortfalls: list = field(default_factory=list)
+    """diagnosis.Shortfall of each phase that does not fit (largest first); empty: the plan fits."""
+
+    @property
+    def fits(self) -> bool:
+        return not self.shortfalls
 
 
 def role_memory(cfg: DistFlowConfig, arch: ModelArch, role: str, layout: ParallelLayout,
@@ -94,7 +109,9 @@ def role_memory(cfg: DistFlowConfig, arch: ModelArch, role: str, layout: Paralle
                                        value_head=role == "critic")
         states = memory.model_state_bytes(params, cfg.model.dtype, trains,
                                           trains and rc.optim.use_distributed_optimizer,
-                                          dense_dp=layout.dp * layout.cp, expert_dp=expert_dp)
+                                          dense_dp=layout.dp * layout.cp, expert_dp=expert_dp,
+                                          cpu_offload_fraction=memory.optimizer_cpu_offload_fraction(rc.optim)
+                                          if trains else 0.0)
         acts = None
         if trains:
             acts = memory.activation_bytes(
@@ -145,18 +162,22 @@ def _phases(plan: Plan, colocated: bool) -> list[Phase]:
     r = plan.cfg.rollout
     engine_during_training = 0.0 if r.release_memory_in_training else plan.engine.static_total
     train_where = "every rank" if colocated else "training ranks"
+
+    def states(m: RoleMemory, resident: bool = True) -> Part:
+        offloaded = resident and m.offload
+        return Part(f"{m.role} states" + (" (offloaded)" if offloaded else ""), m.resident if resident else
+                    m.states.total, "states", m.role)
+
     phases = []
-    if colocated:
-        parts = [(f"{m.role} states" + (" (offloaded)" if m.offload else ""), m.resident) for m in plan.roles.values()]
-        parts.append(("engine weights + KV pool", plan.engine.static_total))
-    else:
-        parts = [("engine weights + KV pool", plan.engine.static_total)]
+    # Negative when the resident states alone exceed the GPU (the engine cannot start): counted as nothing.
+    engine = Part("engine weights + KV pool", max(0.0, plan.engine.static_total), "engine")
+    parts = ([states(m) for m in plan.roles.values()] + [engine]) if colocated else [engine]
     where = train_where if colocated else "rollout ranks"
     phases.append(Phase("generate", where, tuple(parts)))
     # A released engine resumes only its weights for the sync (the KV cache returns at generation).
-    staging = ("sync staging", plan.reshard.staging_bytes)
+    staging = Part("sync staging", plan.reshard.staging_bytes, "staging")
     if colocated and r.release_memory_in_training:
-        sync_parts = tuple(parts[:-1]) + (("engine weights", plan.engine.weights), staging)
+        sync_parts = tuple(parts[:-1]) + (Part("engine weights", plan.engine.weights, "engine_weights"), staging)
     else:
         sync_parts = tuple(parts) + (staging,)
     phases.append(Phase("sync_weights", where, sync_parts))
@@ -164,42 +185,28 @@ def _phases(plan: Plan, colocated: bool) -> list[Phase]:
         if role not in plan.roles:
             continue
         m = plan.roles[role]
-        parts = [(f"{role} states", m.states.total), (f"{role} activations", m.activations.total)]
-        parts += [(f"{o.role} states" + (" (offloaded)" if o.offload else ""), o.resident)
-                  for o in plan.roles.values() if o.role != role]
+        parts = [states(m, resident=False), Part(f"{role} activations", m.activations.total, "activations", role)]
+        parts += [states(o) for o in plan.roles.values() if o.role != role]
         if colocated:
-            parts.append(("engine" + (" (released)" if r.release_memory_in_training else " (kept)"),
-                          engine_during_training))
+            parts.append(Part("engine" + (" (released)" if r.release_memory_in_training else " (kept)"),
+                              engine_during_training, "engine_kept"))
         phases.append(Phase(f"train_{role}", train_where, tuple(parts)))
     return phases
 
 
 def _check(plan: Plan, colocated: bool, runnable_pipelines) -> None:
-    cfg, gpu, e, d = plan.cfg, plan.gpu_bytes, plan.engine, plan.data
+    cfg = plan.cfg
     w, n = plan.warnings, plan.notes
-    for phase in plan.phases:
-        if phase.name == "sync_weights" and phase.total > gpu:
-            w.append(f"the weight sync needs {phase.total / GiB:.1f} GiB per GPU on {phase.where} (its staging: two "
-                     f"buckets of sync.bucket_mb={cfg.sync.bucket_mb:g} MiB), over the GPU's {gpu / GiB:.0f} GiB: "
-                     "lower sync.bucket_mb or rollout.mem_fraction_static")
-        if phase.name.startswith("train_") and phase.total > gpu:
-            m = plan.roles[phase.name[len("train_"):]]
-            w.append(f"{phase.name} needs {phase.total / GiB:.1f} GiB per GPU on {phase.where} (pipeline stage "
-                     f"{m.stage}), over the GPU's {gpu / GiB:.0f} GiB: raise {m.role}.tp/pp (or ep), set "
-                     f"{m.role}.recompute_granularity=full, lower {m.role}.max_tokens_per_micro_batch, "
-                     "or use more GPUs")
-    if e.kv_cache <= 0:
-        w.append(f"the engine's weights ({e.weights / GiB:.1f} GiB per GPU at engine TP "
-                 f"{plan.cluster.placement.engine_tp}) do not fit its share of the GPU (mem_fraction_static "
-                 f"{plan.mem_fraction} x {(e.static_total / plan.mem_fraction) / GiB:.1f} GiB free = "
-                 f"{e.static_total / GiB:.1f} GiB): raise rollout.engine_tp or rollout.mem_fraction_static"
-                 + (", or shrink the resident Megatron states" if colocated else ""))
-    elif e.kv_tokens < d.max_seq_len:
-        w.append(f"the engine's KV cache holds {e.kv_tokens} tokens, less than one full-length sample "
-                 f"({d.max_seq_len} tokens): raise rollout.engine_tp or rollout.mem_fraction_static")
+
+    def reestimate(changed_cfg, role):
+        return role_memory(changed_cfg, plan.arch, role, getattr(plan.cluster, role), plan.attention)
+
+    plan.shortfalls = diagnosis.shortfalls(plan, reestimate)
+    described: set = set()
+    w.extend(diagnosis.describe(s, described) for s in plan.shortfalls)
     if plan.arch.unsupported:
         w.append(f"DistFlow's model family spec refuses this checkpoint today: {plan.arch.unsupported}")
-    n.extend(d.notes)
+    n.extend(plan.data.notes)
     p = plan.cluster.placement
     if p.engine_tp > plan.gpus_per_node:
         spans = -(-p.engine_tp // plan.gpus_per_node)
@@ -279,6 +286,9 @@ def render(plan: Plan) -> str:
             line += (f"  grads {_gib(st.grads)}  optimizer {_gib(st.optimizer)} "
                      + (f"(distributed over DP; {_gib(st.optimizer_unsharded)} without)" if dist_opt
                         else "(not distributed)"))
+            offloaded = memory.optimizer_cpu_offload_fraction(getattr(cfg, m.role).optim)
+            if offloaded:
+                line += f" ({offloaded:.0%} of it in CPU memory: optimizer_cpu_offload)"
         else:
             line += "  (forward only)"
         if m.activations:
@@ -304,7 +314,7 @@ def render(plan: Plan) -> str:
                "memory is SGLang's runtime slack (activations, CUDA graphs)")
     for phase in plan.phases:
         verdict = "OVER" if phase.total > plan.gpu_bytes else "ok"
-        parts = " + ".join(f"{label} {_gib(b)}" for label, b in phase.parts)
+        parts = " + ".join(f"{part.label} {_gib(part.bytes)}" for part in phase.parts)
         out.append(f"phase {phase.name:<13} ({phase.where}): {parts} = {_gib(phase.total)} / "
                    f"{plan.gpu_bytes / GiB:.0f}  {verdict}")
 
@@ -330,6 +340,8 @@ def render(plan: Plan) -> str:
         out += [""] + [f"note: {x}" for x in plan.notes]
     if plan.warnings:
         out += [""] + [f"WARNING: {x}" for x in plan.warnings]
-    else:
+    if plan.fits:
         out += ["", "fits: every phase within the GPU's memory"]
+    else:
+        out += ["", f"DOES NOT FIT: {len(plan.shortfalls)} shortfall(s) above; the largest cause is named first"]
     return "\n".join(out)

@@ -4,16 +4,20 @@ fresh engines, from its step-2 checkpoint. Steps 3 and 4 must give the same metr
 final weights. This needs every piece of state: Megatron model + Adam state + LR schedule, each rank's RNG and
 prompt-loader position, the engines' weights (synced from the restored actor), and sampling seeds that are a
 function of (trainer.seed, step, sample) rather than of what the engine generated before; with a KL term, the
-reference made from the warmed-up actor as well.
+reference made from the warmed-up actor as well. The last checkpoint, exported by tools/convert_megatron_to_hf.py,
+is byte for byte the trainer's own final export (<output_dir>/hf).
 """
 import json
 import shutil
+import sys
 
 import pytest
 from safetensors.torch import load_file
 
 from distflow.testing.copy_task import copy_task
-from distflow.testing.launch import torchrun
+from distflow.testing.launch import REPO_ROOT, run, torchrun
+
+TO_HF = REPO_ROOT / "tools" / "convert_megatron_to_hf.py"
 
 # Wall-clock metrics differ between any two runs; everything else must match.
 # Timing and scheduling outcomes (which engine generated which chunk) may differ between runs; samples may not.
@@ -39,6 +43,11 @@ def test_resume_gives_the_same_steps(tmp_path):
     torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[*common, f"trainer.output_dir={straight}"])
     assert (straight / "checkpoints" / "latest").read_text().strip() == "step_4"
     assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == ["latest", "step_2", "step_4"]
+    # The last step's checkpoint exports to what the trainer itself exported at the end, byte for byte.
+    exported = tmp_path / "exported"
+    run([sys.executable, TO_HF, "--megatron", straight / "checkpoints", "--out", exported, "--no-progress"])
+    assert {p.name: p.read_bytes() for p in exported.iterdir()} == {p.name: p.read_bytes()
+                                                                     for p in (straight / "hf").iterdir()}
 
     # The resumed run continues the straight run's metrics file (JSONL appended; its steps 3-4 dropped first).
     resumed = tmp_path / "resumed"

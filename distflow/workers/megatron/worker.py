@@ -35,7 +35,8 @@ class NonFiniteLossError(RuntimeError):
 
 
 class MegatronWorker:
-    """Builds the role's model for the layout in parallel_state and loads the HF checkpoint into it.
+    """Builds the role's model for the layout in parallel_state and loads the HF checkpoint into it (or, with
+    role_cfg.load, the Megatron dist checkpoint it names: dist_checkpoint_io.py).
 
     role: "actor" (trains), "ref" (forward only: no DDP, no optimizer), "critic" (value head, trains) or
     "reward" (a reward model: model_cfg.path is a *ForSequenceClassification checkpoint; forward only).
@@ -70,8 +71,16 @@ class MegatronWorker:
             install_value_head(self.chunks[-1], self.config, init_seed=seed)
             if role == "reward":
                 self.chunks[-1].output_layer.weight.data.copy_(self.checkpoint.score_weight())
-        hf_io.load_hf_weights(self.chunks, self.spec, self.checkpoint, self.config,
-                              skip_output_layer=role in HEADED_ROLES)
+        self.loaded_from = None
+        """The Megatron dist checkpoint folder the weights came from (role_cfg.load), or None: model.path's."""
+        if getattr(role_cfg, "load", None):
+            from distflow.workers.megatron.dist_checkpoint_io import load_dist_checkpoint_weights
+
+            self.loaded_from = load_dist_checkpoint_weights(self.chunks, role_cfg.load, role, self.checkpoint.config,
+                                                            path, keep_fresh_head=role in HEADED_ROLES)
+        else:
+            hf_io.load_hf_weights(self.chunks, self.spec, self.checkpoint, self.config,
+                                  skip_output_layer=role in HEADED_ROLES)
         if self.trains:
             self.model = builder.wrap_for_training(self.chunks, self.config, role_cfg.optim.use_distributed_optimizer)
             self.optimizer, self.scheduler = builder.build_optimizer(role_cfg.optim, self.model, self.config,

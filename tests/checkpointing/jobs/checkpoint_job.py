@@ -9,9 +9,15 @@ generator, one per step, each rank taking its data-parallel share. Cases:
   crash     saves step 1, trains step 2, then fails (an exception on every rank) half-way through saving step 2
   after_crash  resumes from RUN_DIR; writes the restored step and the weights (those saved at step 1)
   nan       steps whose loss is NaN are skipped; max_consecutive_bad_steps in a row raise
+  export    trains steps 1..2, checkpoints step 2, and exports the actor as the trainer's final export does
+            (export_hf_state + save_hf_checkpoint into RUN_DIR/hf)
+  load      after `export`: an actor with actor.load=RUN_DIR/checkpoints/step_2 (its weights), a critic with
+            critic.load=RUN_DIR/checkpoints/step_2/actor (a fresh value head), and actor.load with
+            model.path=--other-model (refused: another shape)
 Rank 0 writes RUN_DIR/<case>.pt.
 """
 import argparse
+import dataclasses
 import os
 import random
 import sys
@@ -23,7 +29,7 @@ import torch.distributed as dist
 VOCAB = 300
 
 
-def make_worker(model_dir, tp: int, mini_batch_size: int = 4, dist_opt: bool = False):
+def make_worker(model_dir, tp: int, mini_batch_size: int = 4, dist_opt: bool = False, load=None):
     from distflow import distributed
     from distflow.config.schema import ActorConfig, ModelConfig, OptimizerConfig
     from distflow.layout import ParallelLayout, Placement
@@ -35,7 +41,7 @@ def make_worker(model_dir, tp: int, mini_batch_size: int = 4, dist_opt: bool = F
     distributed.seed_everything(1)
     optim = OptimizerConfig(lr=1e-2, weight_decay=0.01, clip_grad=1.0, use_distributed_optimizer=dist_opt,
                             lr_warmup_steps=3, lr_decay_style="cosine")
-    cfg = ActorConfig(tp=tp, optim=optim, mini_batch_size=mini_batch_size, max_tokens_per_micro_batch=40)
+    cfg = ActorConfig(tp=tp, optim=optim, mini_batch_size=mini_batch_size, max_tokens_per_micro_batch=40, load=load)
     return MegatronWorker("actor", cfg, ModelConfig(path=model_dir, dtype="float32"), par, "cpu",
                           total_optimizer_steps=20), par
 
@@ -109,6 +115,7 @@ def main() -> None:
     parser.add_argument("--dir", required=True)
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--dist-opt", action="store_true", help="the distributed optimizer (ZeRO-1 over DP)")
+    parser.add_argument("--other-model", help="load: a model of another shape than --model")
     parser.add_argument("case")
     args = parser.parse_args()
 
@@ -117,8 +124,9 @@ def main() -> None:
     distributed.init_process_group("cpu", timeout_s=300)
     torch.set_num_threads(1)
     # nan: one optimizer step per train_step (the whole batch), so that steps and optimizer steps coincide
+    step_2 = os.path.join(args.dir, "checkpoints", "step_2")
     worker, par = make_worker(args.model, args.tp, mini_batch_size=8 if args.case == "nan" else 4,
-                              dist_opt=args.dist_opt)
+                              dist_opt=args.dist_opt, load=step_2 if args.case == "load" else None)
     from megatron.core import parallel_state as ps
 
     random.seed(ps.get_data_parallel_rank())  # each DP rank's python RNG differs (restored per rank)
@@ -178,6 +186,41 @@ def main() -> None:
             error = str(err)
         result = {"before": before, "after_bad": after_bad, "bad": bad, "good": good, "bad_again": bad_again,
                   "after_good": after_good, "after_bad_again": after_bad_again, "error": error}
+    elif args.case == "export":
+        from distflow.workers.megatron.hf_io import save_hf_checkpoint
+
+        ckpt = checkpointer(args.dir)
+        for step in (1, 2):
+            train(worker, par, loader, [step])
+        ckpt.save(2, {"actor": worker}, loader, run_id="run0")
+        state = worker.export_hf_state()
+        if dist.get_rank() == 0:  # what the trainer does after its last step (checkpoint.export_hf)
+            save_hf_checkpoint(state, args.model, os.path.join(args.dir, "hf"))
+        result = {"weights": state}
+    elif args.case == "load":
+        from distflow.config.schema import CriticConfig, ModelConfig
+        from distflow.workers.megatron.worker import MegatronWorker
+
+        result = {"weights": worker.export_hf_state(), "loaded_from": str(worker.loaded_from)}
+        critic = MegatronWorker("critic", CriticConfig(tp=args.tp, load=os.path.join(step_2, "actor")),
+                                ModelConfig(path=args.model, dtype="float32"), par, "cpu")
+        result["critic_weights"] = critic.export_hf_state()
+        unrecorded = os.path.join(args.dir, "unrecorded_actor")  # as an older DistFlow wrote it: shapes only
+        if dist.get_rank() == 0:
+            import shutil
+
+            from distflow.models.checkpoint_import import SOURCE_FILE
+
+            shutil.copytree(os.path.join(step_2, "actor"), unrecorded, dirs_exist_ok=True)
+            os.remove(os.path.join(unrecorded, SOURCE_FILE))
+        dist.barrier()
+        for name, load in (("mismatch", step_2), ("shape_mismatch", unrecorded)):
+            cfg = dataclasses.replace(worker.cfg, load=load)
+            try:
+                MegatronWorker("actor", cfg, ModelConfig(path=args.other_model, dtype="float32"), par, "cpu")
+                result[name] = None
+            except ValueError as error:
+                result[name] = str(error)
     else:
         sys.exit(f"unknown case {args.case}")
     if dist.get_rank() == 0:
