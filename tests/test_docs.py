@@ -21,8 +21,6 @@ PATH_ROOTS = ("distflow", "tools", "examples", "tests", "docs", "ci", "megatron_
 ROOT_FILES = ("README.md", "requirements.txt", "setup.py", "pytest.ini")
 METRIC_PREFIXES = ("actor", "critic", "rollout", "reward", "advantage", "sync", "timing_s", "perf", "val", "dapo",
                    "response_length", "prompt_length")
-# Docs that other branches of issue #12 write and these docs already link: delete an entry once it is merged.
-WRITTEN_ON_OTHER_BRANCHES = {"docs/metrics.md", "docs/verl_key_map.md"}
 PLACEHOLDER = re.compile(r"[<{$*\[]|\.\.\.")
 
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
@@ -68,8 +66,6 @@ def _rel(doc: Path) -> str:
 def _path_exists(token: str) -> bool:
     token = token.rstrip(".,;:")
     token = token.split(":", 1)[0]  # module.py:function, file.py:line
-    if token in WRITTEN_ON_OTHER_BRANCHES:
-        return True
     if PLACEHOLDER.search(token):  # examples/<script>.sh: the folder before the placeholder must exist
         head = PLACEHOLDER.split(token, 1)[0]
         if "*" in token and "<" not in token and "{" not in token:
@@ -104,7 +100,7 @@ def named_file_names(doc: Path) -> list[tuple[int, str]]:
 @pytest.mark.parametrize("doc", DOCS, ids=_rel)
 def test_named_paths_exist(doc):
     missing = [f"{_rel(doc)}:{line}: {path}" for line, path in named_paths(doc) if not _path_exists(path)]
-    names = repo_file_names() | {Path(p).name for p in WRITTEN_ON_OTHER_BRANCHES}
+    names = repo_file_names()
     missing += [f"{_rel(doc)}:{line}: {name} (no file of that name in the repository)"
                 for line, name in named_file_names(doc) if name not in names]
     assert not missing, "docs name repository paths that do not exist:\n" + "\n".join(missing)

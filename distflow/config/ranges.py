@@ -34,6 +34,11 @@ def check_ranges(cfg: DistFlowConfig) -> None:
     _at_least("trainer.sft_warmup_steps", t.sft_warmup_steps, 0)
     _at_least("trainer.dist_timeout_s", t.dist_timeout_s, 1)
     _at_least("trainer.max_consecutive_bad_steps", t.max_consecutive_bad_steps, 1)
+    for i, step in enumerate(t.profile_steps):
+        if not 1 <= step <= t.total_steps:
+            raise ConfigError(f"trainer.profile_steps[{i}]={step} must be a step in [1, trainer.total_steps="
+                              f"{t.total_steps}]")
+    _at_least("tracking.val_samples", cfg.tracking.val_samples, 0, "(0 logs no sample table)")
     _at_least("checkpoint.save_every", cfg.checkpoint.save_every, 0, "(0 saves only at the end)")
     _at_least("checkpoint.keep_last", cfg.checkpoint.keep_last, 1)
 

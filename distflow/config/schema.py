@@ -189,8 +189,10 @@ class DataConfig:
 @dataclass
 class RewardConfig:
     name: str = option(
-        "gsm8k", "Built-in rule-based scorer: gsm8k, gsm8k_flexible, math, copy, or auto (chosen per sample from "
-        "its data_source; see distflow/rewards/registry.py).")
+        "gsm8k", "Built-in rule-based scorer: gsm8k (lenient '#### answer'), gsm8k_flexible (the last number), "
+        "gsm8k_verl (verl's strict rule, for numbers comparable with verl baselines), math (boxed answer, "
+        "math-verify), math_dapo (DAPO's 'Answer:' rule, +1/-1), copy, or auto (chosen per sample from its "
+        "data_source; see distflow/rewards/registry.py).")
     custom: Optional[str] = option(None, "Custom scorer as 'module:function' or 'path/to/file.py:function' (verl's "
                                   "custom_reward_function); checked against the scorer contract before the start.")
     model_path: Optional[str] = option(

@@ -1,8 +1,8 @@
-"""Two GRPO steps on the gsm_symbolic parquet with the math reward, end to end on 2 CPU processes.
+"""Two GRPO steps on the gsm_symbolic parquet with the gsm8k reward, end to end on 2 CPU processes.
 
 A tiny random model cannot solve the problems; the run checks the plumbing of a real maths run: chat
 prompts of hundreds of tokens through the prompt-length filter, the engines and the coordinator, the
-math-verify scorer in its process pool (no scorer errors), validation on the test split, and the
+GSM8K scorer in its process pool (no scorer errors), validation on the test split, and the
 step-1 invariant that the actor recomputes the engine's log-probs.
 """
 import sys
@@ -15,7 +15,7 @@ from distflow.testing.launch import run, torchrun
 
 
 @pytest.mark.slow
-def test_two_grpo_steps_on_gsm_symbolic_with_math_reward(tmp_path):
+def test_two_grpo_steps_on_gsm_symbolic(tmp_path):
     model = make_tiny_model("qwen2", tmp_path / "tiny-qwen2")
     data = tmp_path / "gsm"
     run([sys.executable, "tools/prepare_data.py", "gsm_symbolic", "--out", data, "--train", "16", "--test", "4",

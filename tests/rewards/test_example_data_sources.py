@@ -46,12 +46,7 @@ def config_settings(path: Path) -> tuple[str, dict[str, str]]:
 
 
 SCRIPTS = sorted(EXAMPLES.glob("*.sh"))
-# Known mismatch, left to the config's owner: its prompts (prepare_data.py gsm_symbolic) ask for "#### <answer>",
-# but it scores with reward.name=math (\\boxed{}) to exercise math-verify in the pool, so a model that follows
-# the prompt scores 0. reward.name=auto (the gsm8k scorer) would fix it; strict: passes once fixed, then fails.
-MISMATCHED = {"grpo_gsm_symbolic_cpu.yaml": "prompts ask for '####', reward.name=math wants \\boxed{}"}
-CONFIGS = [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=MISMATCHED[p.name])) if p.name in MISMATCHED
-           else p for p in sorted((EXAMPLES / "configs").glob("*.yaml")) if "data" in yaml.safe_load(p.read_text())]
+CONFIGS = [p for p in sorted((EXAMPLES / "configs").glob("*.yaml")) if "data" in yaml.safe_load(p.read_text())]
 
 
 def check_scored(where: str, name: str, sources: dict[str, str]) -> None:
