@@ -38,8 +38,9 @@ fi
 "$py" tools/summarize_run.py "$out"
 cat <<'TXT'
 What the numbers mean: each prompt is 4 digits and the answer is the same 4 digits then EOS. The reward is
-the fraction of positions of (answer + EOS) the response got right (a random policy scores about 0.05;
-1.0 is a perfect copy that stops). "held-out" is the greedy reward on 64 prompts never trained on, and
-"exact" the fraction of them answered perfectly: the task is solved when exact nears 1.0.
+the fraction of positions of (answer + EOS) the response got right: 1.0 is a perfect copy that stops. The
+random model scores about 0.05; 12 supervised warm-up steps before step 1 bring it to about 0.3, and GRPO
+does the rest. "held-out" is the greedy reward on 64 prompts never trained on, and "exact" the fraction of
+them answered perfectly: the task is solved when exact nears 1.0 (on a 2-core machine: ~0.95 at step 80).
 TXT
 "$py" tools/plot_metrics.py "$out"
