@@ -29,14 +29,12 @@ def run(ctx) -> None:
     from distflow.data.loader import PromptLoader
     from distflow.data.prompts import PromptDataset
     from distflow.nodes.context import NodeContext
-    from distflow.pipelines import check_algorithm
     from distflow.rewards.pool import RewardPool
     from distflow.tracking.tracker import Tracker
     from distflow.workers.megatron.worker import MegatronWorker
     from distflow.workers.rollout.worker import RolloutWorker
 
     cfg, cluster, placement = ctx.cfg, ctx.cluster, ctx.cluster.placement
-    check_algorithm(cfg)
     pipeline = load_pipeline(cfg)
     out_dir = Path(cfg.trainer.output_dir)
     checkpointer = Checkpointer(cfg.checkpoint, out_dir, ctx.rank, ctx.world_size)  # checks checkpoint.resume
