@@ -21,40 +21,19 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass
 
-from distflow.config import ConfigError, DistFlowConfig, resolve
+import torch.distributed as dist
+
+from distflow import distributed
+from distflow.config import ConfigError, resolve
 from distflow.library_noise import silence_library_noise
 from distflow.layout import ClusterLayout, LayoutError
 from distflow.models.shape import ModelShape
 from distflow.preflight import check_model_paths, preflight
+from distflow.run_context import RunContext, progress
 
 # What a bad input raises before any process group exists: answered with one line and exit code 2.
 EARLY_ERRORS = (ConfigError, LayoutError, FileNotFoundError, ValueError)
-_STARTED = time.monotonic()  # progress lines count from the process start
-
-
-def progress(message: str) -> None:
-    """A timestamped progress line (rank 0 prints; the others stay quiet)."""
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"[distflow {time.strftime('%H:%M:%S')} +{time.monotonic() - _STARTED:.1f}s] {message}", flush=True)
-
-
-@dataclass
-class RunContext:
-    """What a pipeline gets: the config, the validated layouts, this rank, and its device."""
-    cfg: DistFlowConfig
-    cluster: ClusterLayout
-    rank: int
-    world_size: int
-    local_rank: int
-    device: str
-    trains: bool = True
-    """False on the rollout-only ranks of a disaggregated placement (they build no Megatron worker)."""
-
-    def log(self, message: str) -> None:
-        if self.rank == 0:
-            progress(message)
 
 
 def parse_args(argv=None):
@@ -76,8 +55,6 @@ def prepare(argv=None) -> RunContext:
     report = preflight(cfg, cluster)
     progress(report.describe())
 
-    from distflow import distributed
-
     device = distributed.resolve_device(cfg.trainer.device)
     silence_library_noise(cuda=device != "cpu")  # before Megatron-Core is imported
     env = distributed.init_process_group(device, cfg.trainer.dist_timeout_s)
@@ -88,23 +65,29 @@ def prepare(argv=None) -> RunContext:
 
 
 def main(argv=None) -> int:
-    from distflow.pipelines import resolve_pipeline
-
     start = time.perf_counter()
     try:
         ctx = prepare(argv)
-        pipeline = resolve_pipeline(ctx.cfg.dag.pipeline)
     except EARLY_ERRORS as err:
         report_early_error(err)
         return 2
     ctx.log(f"{ctx.world_size} rank(s) on {ctx.device}\n{ctx.cluster.describe()}")
-    pipeline(ctx)
+    program(ctx.cfg.dag.pipeline)(ctx)
     ctx.log(f"done in {time.perf_counter() - start:.1f} s")
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
+
+
+def program(pipeline: str):
+    """The `run(ctx)` a job executes: the smoke check of the pieces for dag.pipeline=smoke, else the RL
+    trainer over the pipeline's DAG (a built-in name or 'module:function', see distflow.dag.loading).
+    Imported here, after prepare(): both import Megatron-Core, which must come after silence_library_noise."""
+    if pipeline == "smoke":
+        from distflow.smoke_run import run
+    else:
+        from distflow.trainer import run
+    return run
 
 
 # How long a rank other than 0 waits before it exits with an early error: rank 0 found the same error in the

@@ -1,29 +1,72 @@
-"""NodeContext: what the node functions of one rank share during a run (workers, config, step metrics)."""
+"""What the node functions of one rank share: the workers it holds, and the state of the step being run.
+
+`NodeContext` is built once by the trainer. Its `workers` never change during a run; its `step` is replaced
+at the start of every step, so a node cannot see another step's metrics. Everything else a node needs
+arrives as its inputs (the DAG's data) or is read from the config.
+"""
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from distflow.coordination.data import PackedBatch
 
+if TYPE_CHECKING:  # the types only: importing the workers here would start Megatron/SGLang imports
+    from distflow.data.loader import PromptLoader
+    from distflow.nodes.sync import WeightSync
+    from distflow.rewards.pool import RewardPool
+    from distflow.workers.megatron.worker import MegatronWorker
+    from distflow.workers.rollout.worker import RolloutWorker
+
+
+@dataclass
+class Workers:
+    """The workers this rank holds; a role the rank has no share of is None."""
+    rollout: Optional["RolloutWorker"] = None
+    """Every rank has one (it owns an engine, hosts part of one, or only takes part in the syncs)."""
+    actor: Optional["MegatronWorker"] = None
+    """None on the rollout-only ranks of a disaggregated placement."""
+    ref: Optional["MegatronWorker"] = None
+    """The frozen KL reference (dag.builtin.uses_reference)."""
+    critic: Optional["MegatronWorker"] = None
+    """A value head, trained (pipelines with critic nodes)."""
+    reward_model: Optional["MegatronWorker"] = None
+    """reward.model_path: a forward-only scorer in the actor's layout."""
+    reward_pool: Optional["RewardPool"] = None
+    """Rule-based and custom scorers, on the ranks that hold samples (engine owners)."""
+
+    def built(self) -> list[str]:
+        """The Megatron roles this rank holds, for the start-up log."""
+        return [r for r in ("actor", "ref", "critic", "reward_model") if getattr(self, r) is not None]
+
+
+@dataclass
+class StepState:
+    """One step's state: its number and the metrics its nodes record (logged once, at the step's end)."""
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def record(self, **values) -> None:
+        self.metrics.update({k: float(v) for k, v in values.items()})
+
 
 @dataclass
 class NodeContext:
+    """The `ctx` of `fn(ctx, inputs) -> outputs`: config, layouts, this rank, its workers, the step."""
     cfg: Any
     cluster: Any
     rank: int
     tokenizer: Any
-    rollout: Any = None          # RolloutWorker
-    reward_pool: Any = None      # RewardPool (on ranks that hold samples)
-    actor: Any = None            # MegatronWorker
-    ref: Optional[Any] = None
-    critic: Optional[Any] = None  # MegatronWorker with a value head (pipelines with critic nodes)
-    reward_model: Optional[Any] = None  # MegatronWorker role "reward" (reward.model_path)
-    metrics: dict = field(default_factory=dict)
-    prompt_loader: Any = None    # this rank's PromptLoader (engine owners): DAPO draws more prompts from it
+    workers: Workers = field(default_factory=Workers)
+    weight_sync: Optional["WeightSync"] = None
+    """Moves the actor's weights into the engines (nodes/sync.py); built by the trainer, owns the resharder."""
+    prompt_loader: Optional["PromptLoader"] = None
+    """This rank's prompt stream (engine owners): dynamic sampling draws its extra rounds from it."""
+    step: StepState = field(default_factory=lambda: StepState(0))
 
     def record(self, **values) -> None:
-        self.metrics.update({k: float(v) for k, v in values.items()})
+        """Adds metrics to this step's (reduced over ranks by meaning: tracking/reduce.py)."""
+        self.step.record(**values)
 
 
 def to_padded(batch: PackedBatch) -> dict[str, torch.Tensor]:

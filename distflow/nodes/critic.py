@@ -11,7 +11,7 @@ from distflow.nodes.context import from_padded, to_padded
 def critic_values(ctx, inputs):
     """values: a PackedBatch with a token-level `values` field (can move to another layout)."""
     samples = inputs["samples"]
-    values = ctx.critic.compute_values(to_padded(samples))
+    values = ctx.workers.critic.compute_values(to_padded(samples))
     return {"values": from_padded(samples, {"values": values})}
 
 
@@ -32,7 +32,7 @@ def train_critic(ctx, inputs):
         metrics["values_mean"] = masked_mean(values.detach(), mb["response_mask"])
         return loss, metrics
 
-    metrics = ctx.critic.train_step(batch, loss_fn)
+    metrics = ctx.workers.critic.train_step(batch, loss_fn)
     keep = ("vf_loss", "vf_clipfrac", "values_mean", "grad_norm", "lr", "skipped_steps")
     ctx.record(**{f"critic/{k}": metrics[k] for k in keep})
     return {"critic_metrics": metrics}

@@ -9,7 +9,7 @@ def _logprobs(worker, samples):
 
 
 def actor_logprobs(ctx, inputs):
-    batch, logprobs, entropy = _logprobs(ctx.actor, inputs["samples"])
+    batch, logprobs, entropy = _logprobs(ctx.workers.actor, inputs["samples"])
     mask = batch["response_mask"]
     tokens = mask.sum().clamp(min=1)
     # Recomputed vs the engine's log-probs on the same weights: 0 up to numerics (1e-3 is the step-1 bound).
@@ -23,4 +23,4 @@ def actor_logprobs(ctx, inputs):
 
 
 def ref_logprobs(ctx, inputs):
-    return {"ref_logprobs": _logprobs(ctx.ref, inputs["samples"])[1]}
+    return {"ref_logprobs": _logprobs(ctx.workers.ref, inputs["samples"])[1]}

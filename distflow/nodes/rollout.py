@@ -4,31 +4,40 @@ import time
 
 
 def generate(ctx, inputs):
-    start = time.perf_counter()
-    samples = ctx.rollout.generate(inputs["prompts"] or [], ctx.tokenizer.eos_token_id, balance=True)
-    if samples is not None:
-        infos = list(ctx.rollout.infos.values())
-        lengths = [len(i.response_ids) for i in infos]
-        prompt_lengths = [i.prompt_len for i in infos]
-        count, max_new = max(len(lengths), 1), ctx.cfg.rollout.max_new_tokens
-        # Means over this engine's samples, weighted by rollout/samples over the engines (tracking/reduce.py).
-        ctx.record(**{"rollout/samples": len(lengths),
-                      "rollout/response_length/mean": sum(lengths) / count,
-                      "rollout/response_length/max": max(lengths, default=0),
-                      "rollout/response_length/min": min(lengths, default=0),
-                      "rollout/response_length/clip_ratio": sum(l >= max_new for l in lengths) / count,
-                      "rollout/prompt_length/mean": sum(prompt_lengths) / count,
-                      "rollout/prompt_length/max": max(prompt_lengths, default=0),
-                      "rollout/prompt_length/min": min(prompt_lengths, default=0),
-                      "rollout/tokens": samples.num_tokens,
-                      # the oldest weights behind any sample (all equal on-policy)
-                      "rollout/weight_version": min((i.weight_version for i in infos),
-                                                    default=ctx.rollout.weight_version),
-                      "rollout/seconds": time.perf_counter() - start})
-        stats = ctx.rollout.balance_stats
-        if stats is not None:  # several engines: the same totals over all engines on every owner
-            per_engine = stats["engine_tokens"]
-            mean = sum(per_engine) / len(per_engine)
-            ctx.record(**{"rollout/stolen_groups": stats["stolen_groups"],
-                          "rollout/engine_tokens_max_over_mean": max(per_engine) / mean if mean else 1.0})
+    samples, metrics = generate_samples(ctx, inputs["prompts"] or [])
+    ctx.record(**metrics)
     return {"samples": samples}
+
+
+def generate_samples(ctx, prompts) -> tuple:
+    """(this rank's samples or None, their rollout/* metrics): the work of the generate node, for callers
+    that generate more than once in a step (dynamic sampling) and keep the metrics they choose."""
+    start = time.perf_counter()
+    rollout = ctx.workers.rollout
+    samples = rollout.generate(prompts, ctx.tokenizer.eos_token_id, step=ctx.step.step, balance=True)
+    if samples is None:
+        return None, {}
+    infos = list(samples.infos.values())
+    lengths = [len(i.response_ids) for i in infos]
+    prompt_lengths = [i.prompt_len for i in infos]
+    count, max_new = max(len(lengths), 1), ctx.cfg.rollout.max_new_tokens
+    # Means over this engine's samples, weighted by rollout/samples over the engines (tracking/reduce.py).
+    metrics = {"rollout/samples": len(lengths),
+               "rollout/response_length/mean": sum(lengths) / count,
+               "rollout/response_length/max": max(lengths, default=0),
+               "rollout/response_length/min": min(lengths, default=0),
+               "rollout/response_length/clip_ratio": sum(l >= max_new for l in lengths) / count,
+               "rollout/prompt_length/mean": sum(prompt_lengths) / count,
+               "rollout/prompt_length/max": max(prompt_lengths, default=0),
+               "rollout/prompt_length/min": min(prompt_lengths, default=0),
+               "rollout/tokens": samples.num_tokens,
+               # the oldest weights behind any sample (all equal on-policy)
+               "rollout/weight_version": min((i.weight_version for i in infos), default=rollout.weight_version),
+               "rollout/seconds": time.perf_counter() - start}
+    stats = rollout.balance_stats
+    if stats is not None:  # several engines: the same totals over all engines on every owner
+        per_engine = stats["engine_tokens"]
+        mean = sum(per_engine) / len(per_engine)
+        metrics.update({"rollout/stolen_groups": stats["stolen_groups"],
+                        "rollout/engine_tokens_max_over_mean": max(per_engine) / mean if mean else 1.0})
+    return samples, {k: float(v) for k, v in metrics.items()}

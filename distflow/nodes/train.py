@@ -19,6 +19,6 @@ def train_actor(ctx, inputs):
         return policy_loss(logprobs, mb["old_logprobs"], mb["advantages"], mb["response_mask"], algo,
                            entropy=entropy, ref_logprob=mb.get("ref_logprobs"))
 
-    metrics = ctx.actor.train_step(batch, loss_fn)
+    metrics = ctx.workers.actor.train_step(batch, loss_fn)
     ctx.record(**{f"actor/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
     return {"actor_metrics": metrics}

@@ -10,12 +10,12 @@ import random
 import torch
 
 
-def sft_warmup(node_ctx, dataset, steps: int, batch_size: int, seed: int) -> list[float]:
+def sft_warmup(actor, tokenizer, dataset, steps: int, batch_size: int, seed: int) -> list[float]:
     """Runs `steps` optimizer steps on the actor; returns the losses. Every rank draws the same rows and
     keeps its data-parallel share, so no data moves."""
-    from megatron.core import parallel_state
+    from megatron.core import parallel_state  # Megatron-Core is imported only once a worker exists
 
-    tokenizer, eos = node_ctx.tokenizer, node_ctx.tokenizer.eos_token_id
+    eos = tokenizer.eos_token_id
     rng = random.Random(seed)
     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     losses = []
@@ -39,13 +39,13 @@ def sft_warmup(node_ctx, dataset, steps: int, batch_size: int, seed: int) -> lis
             loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1)
             return loss, {"sft_loss": loss.detach()}
 
-        losses.append(float(node_ctx.actor.train_step(batch, loss_fn)["loss"]))
+        losses.append(float(actor.train_step(batch, loss_fn)["loss"]))
     return losses
 
 
-def reference_from_actor(node_ctx) -> None:
+def reference_from_actor(actor, ref) -> None:
     """Makes the warmed-up actor the KL reference: RL's KL term measures the distance from the policy RL
     starts from, not from the random weights before the warm-up. The reference shares the actor's layout
     (one set of Megatron groups per process), so each rank copies its own shards, parameter for parameter."""
-    for actor_chunk, ref_chunk in zip(node_ctx.actor.chunks, node_ctx.ref.chunks, strict=True):
+    for actor_chunk, ref_chunk in zip(actor.chunks, ref.chunks, strict=True):
         ref_chunk.load_state_dict(actor_chunk.state_dict(), strict=True)

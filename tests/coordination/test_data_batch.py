@@ -72,6 +72,19 @@ def test_bad_batches_are_refused():
         PackedBatch.from_samples([1], [0], {"rewards": torch.zeros(1)})
 
 
+def test_infos_travel_with_their_samples():
+    tokens = [torch.arange(n) for n in (2, 3, 4)]
+    batch = PackedBatch.from_samples([7, 5, 9], [1, 1, 2], {"input_ids": tokens}, infos={5: "b", 7: "a", 9: "c", 4: "x"})
+    assert batch.infos == {7: "a", 5: "b", 9: "c"}  # only its own samples'
+    assert batch.select([2, 0]).infos == {9: "c", 7: "a"} and batch.sorted_by_id().infos == batch.infos
+    other = PackedBatch.from_samples([3], [0], {"input_ids": [torch.arange(1)]}, infos={3: "d"})
+    assert PackedBatch.concat([batch, other]).infos == {7: "a", 5: "b", 9: "c", 3: "d"}
+    bare = PackedBatch.from_samples([3], [0], {"input_ids": [torch.arange(1)]})
+    assert bare.infos is None and PackedBatch.concat([batch, bare]).infos is None
+    with pytest.raises(ValueError, match=r"infos lack sample ids \[9\]"):
+        PackedBatch.from_samples([7, 9], [1, 2], {"input_ids": tokens[:2]}, infos={7: "a"})
+
+
 def test_placed_layouts():
     placement = Placement.create("disaggregated", 8, 2, num_rollout_ranks=4)
     rollout = PlacedLayout.rollout(placement)

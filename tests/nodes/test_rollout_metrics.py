@@ -4,6 +4,7 @@ from types import SimpleNamespace
 import pytest
 
 from distflow.nodes import rollout
+from distflow.nodes.context import NodeContext, StepState, Workers
 from distflow.workers.rollout.worker import SampleInfo
 
 
@@ -11,13 +12,18 @@ def test_generate_records_lengths_and_counts():
     infos = {i: SampleInfo(prompt_len=p, response_ids=[1] * r, finish_reason="stop", data_source="d",
                            ground_truth="", extra_info={}, weight_version=v)
              for i, (p, r, v) in enumerate([(3, 8, 2), (5, 2, 2), (4, 5, 1)])}
-    engine = SimpleNamespace(infos=infos, weight_version=2, balance_stats=None,
-                             generate=lambda prompts, eos, balance: SimpleNamespace(num_tokens=27))
-    ctx = SimpleNamespace(rollout=engine, tokenizer=SimpleNamespace(eos_token_id=0),
-                          cfg=SimpleNamespace(rollout=SimpleNamespace(max_new_tokens=8)), metrics={})
-    ctx.record = lambda **values: ctx.metrics.update({k: float(v) for k, v in values.items()})
+    steps = []
+
+    def generate(prompts, eos, step, balance):
+        steps.append(step)
+        return SimpleNamespace(num_tokens=27, infos=infos)
+
+    engine = SimpleNamespace(weight_version=2, balance_stats=None, generate=generate)
+    ctx = NodeContext(SimpleNamespace(rollout=SimpleNamespace(max_new_tokens=8)), None, 0,
+                      SimpleNamespace(eos_token_id=0), Workers(rollout=engine), step=StepState(7))
     rollout.generate(ctx, {"prompts": ["a", "b"]})
-    m = ctx.metrics
+    assert steps == [7]  # the step number reaches the sampling seeds
+    m = ctx.step.metrics
     assert m["rollout/samples"] == 3 and m["rollout/tokens"] == 27 and m["rollout/weight_version"] == 1
     assert (m["rollout/response_length/mean"], m["rollout/response_length/max"],
             m["rollout/response_length/min"]) == (5.0, 8.0, 2.0)

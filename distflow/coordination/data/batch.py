@@ -4,9 +4,12 @@ Per-sample metadata (sample id, prompt group id, length in tokens) are int64 vec
 ragged (token-level: a flat [total_rows, *inner] tensor of the samples' unpadded rows back to back, with
 int64 row counts per sample) or fixed (one row per sample: [n, *inner]). FieldSchema describes one field
 well enough for a receiver to preallocate it from row counts alone.
+`infos` (optional) holds per-sample Python objects keyed by sample id (the rollout's SampleInfo: response
+ids, ground truth, data source): they travel with the batch on the rank that made it (subsets keep theirs)
+and never move between layouts, where only the tensors go.
 """
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -78,7 +81,7 @@ class PackedBatch:
     """Samples held by one rank. Construct with tensors; `from_samples` builds it from per-sample tensors."""
 
     def __init__(self, sample_ids, groups, lengths, fields: Mapping[str, torch.Tensor],
-                 row_counts: Optional[Mapping[str, torch.Tensor]] = None):
+                 row_counts: Optional[Mapping[str, torch.Tensor]] = None, infos: Optional[Mapping[int, Any]] = None):
         self.sample_ids = torch.as_tensor(sample_ids, dtype=torch.long).reshape(-1)
         self.groups = torch.as_tensor(groups, dtype=torch.long).reshape(-1)
         self.lengths = torch.as_tensor(lengths, dtype=torch.long).reshape(-1)
@@ -86,6 +89,12 @@ class PackedBatch:
         self.row_counts = {name: torch.as_tensor(c, dtype=torch.long).reshape(-1)
                            for name, c in (row_counts or {}).items()}
         n = len(self.sample_ids)
+        self.infos = None
+        if infos is not None:  # restricted to this batch's samples, so a subset carries only its own
+            missing = [i for i in self.sample_ids.tolist() if i not in infos]
+            if missing:
+                raise ValueError(f"infos lack sample ids {missing[:5]} ({len(missing)} of {n})")
+            self.infos = {i: infos[i] for i in self.sample_ids.tolist()}
         if len(self.groups) != n or len(self.lengths) != n:
             raise ValueError(f"{n} sample ids but {len(self.groups)} group ids and {len(self.lengths)} lengths")
         for name in self.row_counts:
@@ -103,7 +112,8 @@ class PackedBatch:
     @classmethod
     def from_samples(cls, sample_ids: Sequence[int], groups: Sequence[int],
                      fields: Mapping[str, Sequence[torch.Tensor] | torch.Tensor],
-                     lengths: Optional[Sequence[int]] = None, length_field: str = "input_ids") -> "PackedBatch":
+                     lengths: Optional[Sequence[int]] = None, length_field: str = "input_ids",
+                     infos: Optional[Mapping[int, Any]] = None) -> "PackedBatch":
         """A field given as a list of per-sample tensors is ragged (concatenated, rows = dim 0 of each);
         a field given as one tensor [n, ...] is fixed. lengths default to the row counts of `length_field`."""
         packed, counts = {}, {}
@@ -118,7 +128,7 @@ class PackedBatch:
             if length_field not in counts:
                 raise ValueError(f"pass lengths, or a ragged field {length_field!r} to take them from")
             lengths = counts[length_field]
-        return cls(sample_ids, groups, lengths, packed, counts)
+        return cls(sample_ids, groups, lengths, packed, counts, infos)
 
     @classmethod
     def empty(cls, schema: Mapping[str, FieldSchema], device="cpu") -> "PackedBatch":
@@ -128,12 +138,15 @@ class PackedBatch:
 
     @classmethod
     def concat(cls, batches: Sequence["PackedBatch"]) -> "PackedBatch":
-        """The batches' samples back to back (same fields in each)."""
+        """The batches' samples back to back (same fields in each; infos when every batch has them)."""
         first = batches[0]
         cat = lambda xs: torch.cat(list(xs))
+        infos = None
+        if all(b.infos is not None for b in batches):
+            infos = {i: info for b in batches for i, info in b.infos.items()}
         return cls(cat(b.sample_ids for b in batches), cat(b.groups for b in batches),
                    cat(b.lengths for b in batches), {n: cat(b.fields[n] for b in batches) for n in first.fields},
-                   {n: cat(b.row_counts[n] for b in batches) for n in first.row_counts})
+                   {n: cat(b.row_counts[n] for b in batches) for n in first.row_counts}, infos)
 
     def __len__(self) -> int:
         return len(self.sample_ids)
@@ -186,7 +199,7 @@ class PackedBatch:
             out[name] = torch.empty((int(rows.sum()), *src.shape[1:]), dtype=src.dtype, device=src.device)
             copy_runs(out[name], np.cumsum(rows) - rows, src, self.offsets(name)[positions].numpy(), rows)
         return PackedBatch(self.sample_ids[positions], self.groups[positions], self.lengths[positions], out,
-                           {n: self.row_counts[n][positions] for n in out if n in self.row_counts})
+                           {n: self.row_counts[n][positions] for n in out if n in self.row_counts}, self.infos)
 
     def sorted_by_id(self) -> "PackedBatch":
         order = torch.argsort(self.sample_ids, stable=True)

@@ -3,9 +3,9 @@
 Colocated placement: an engine spans engine_tp consecutive ranks and its first rank owns the
 sglang.Engine object; only owners generate. Samples leave as a PackedBatch (token runs, no padding) with
 globally unique sample ids and prompt-group ids, so the data coordinator can move them by plan; each
-sample's SampleInfo records the weight version that generated it.
+sample's SampleInfo (in the batch's `infos`) records what scoring needs and the weight version that generated it.
 Engines start with the weight resharder's engine-side loaders (coordination.weights.engine_side), so the
-sync node can push shards into them; weight_version is the version of the last completed sync, on every rank.
+weight sync can push shards into them; weight_version is the version of the last completed sync, on every rank.
 Several engines balance the training rollout (generate(balance=True)): each owner's prompts are split into
 chunks that any owner may claim through the job's c10d store (rollout.balance=steal; work_stealing.py,
 chunked_generation.py); stolen chunks' samples come back to their home owner and are sampled with the home
@@ -43,22 +43,18 @@ def placement_device(cfg) -> str:
 
 
 class RolloutWorker:
-    step = 0  # the RL step being generated (set by the trainer); part of every sampling seed
-
     def __init__(self, cfg, placement, rank: int, model_path: str):
         self.cfg, self.rank = cfg, rank
         self.engine_index = placement.engine_of(rank)
         self.owner = placement.owns_engine(rank)
         self.engine = None
         self.weight_version = 0
-        self.resharder = None  # the sync node's WeightResharder, built at the first sync
         self.released: set[str] = set()  # colocated: engine memory (ENGINE_MEMORY tags) lent to training
         # Releasing memory frees GPU memory for training; on CPU SGLang has nothing to release (its calls
         # are no-ops there) and asserts if a finishing request is still in flight, so it is skipped.
         # Disaggregated engines have their devices to themselves: nothing to release.
         self.release_between_steps = (cfg.rollout.release_memory_in_training and placement_device(cfg) == "cuda"
                                       and placement.kind == "colocated")
-        self.infos: dict[int, SampleInfo] = {}
         self.num_engines = placement.num_engines
         self._balance_round = 0  # balanced generate calls so far: namespaces their store keys
         self.balance_stats: dict | None = None  # the last balanced call's totals (generate(balance=True))
@@ -80,9 +76,11 @@ class RolloutWorker:
             else:
                 self.node_engine = engine
 
-    def generate(self, prompts, eos_token_id: int, greedy: bool = False, n: int | None = None,
+    def generate(self, prompts, eos_token_id: int, step: int, greedy: bool = False, n: int | None = None,
                  balance: bool = False) -> PackedBatch | None:
         """Samples rollout.n responses per prompt on this rank's engine; None on ranks without an engine.
+        The batch's `infos` hold each sample's SampleInfo. `step` (the RL step) is part of every sampling
+        seed, so a resumed run samples what the uninterrupted one would have.
 
         balance (the training rollout; every owner must pass the same, the same number of times): with several
         engines, the prompts are generated in chunks, under rollout.balance=steal by whichever engine is free
@@ -100,16 +98,15 @@ class RolloutWorker:
                         max_new_tokens=r.max_new_tokens, stop_token_ids=sorted({eos_token_id, *r.stop_token_ids}),
                         stop=list(r.stop))
         if balance and self.num_engines > 1:
-            outs = self._generate_chunks(prompts, greedy, sampling)
+            outs = self._generate_chunks(prompts, step, greedy, sampling)
         else:
             outs = sglang_engine.generate(self.engine, [p.input_ids for p in prompts],
-                                          seed=self.sampling_seed(self.engine_index, greedy), **sampling)
+                                          seed=self.sampling_seed(self.engine_index, step, greedy), **sampling)
         if self.release_between_steps:
             sglang_engine.release_memory(self.engine)
             self.released = set(sglang_engine.ENGINE_MEMORY)
         base = self.engine_index * ID_STRIDE
-        ids, groups, tokens, masks, logprobs = [], [], [], [], []
-        self.infos = {}
+        ids, groups, tokens, masks, logprobs, infos = [], [], [], [], [], {}
         for i, s in enumerate(outs):
             prompt = prompts[s.prompt_index]
             sample_id = base + i
@@ -124,19 +121,19 @@ class RolloutWorker:
             lp = torch.zeros(len(seq), dtype=torch.float32)
             lp[len(prompt.input_ids):] = torch.tensor(s.logprobs, dtype=torch.float32)
             logprobs.append(lp)
-            self.infos[sample_id] = SampleInfo(len(prompt.input_ids), list(s.response_ids), s.finish_reason,
+            infos[sample_id] = SampleInfo(len(prompt.input_ids), list(s.response_ids), s.finish_reason,
                                                prompt.data_source, prompt.ground_truth, prompt.extra_info,
                                                s.weight_version)
         return PackedBatch.from_samples(ids, groups, {"input_ids": tokens, "response_mask": masks,
-                                                      "rollout_logprobs": logprobs})
+                                                      "rollout_logprobs": logprobs}, infos=infos)
 
-    def sampling_seed(self, home_engine: int, greedy: bool = False) -> int | None:
-        """The call seed of `home_engine`'s partition this step: a function of (trainer.seed, step, home
+    def sampling_seed(self, home_engine: int, step: int, greedy: bool = False) -> int | None:
+        """The call seed of `home_engine`'s partition at `step`: a function of (trainer.seed, step, home
         engine) [+ prompt, sample in sglang_engine.generate], so a resumed run samples what the uninterrupted
         one would have, whatever engine generated a prompt and whatever it generated before."""
-        return None if greedy else (self.cfg.trainer.seed * 1_000_003 + self.step) * 4099 + home_engine
+        return None if greedy else (self.cfg.trainer.seed * 1_000_003 + step) * 4099 + home_engine
 
-    def _generate_chunks(self, prompts, greedy: bool, sampling: dict) -> list:
+    def _generate_chunks(self, prompts, step: int, greedy: bool, sampling: dict) -> list:
         """This partition's samples (prompt-major, as sglang_engine.generate) through claimed chunks."""
         from distflow.workers.rollout import chunked_generation, work_stealing
 
@@ -152,7 +149,8 @@ class RolloutWorker:
         board.publish(chunks, prompt_ids)
         self._balance_round += 1
         run = chunked_generation.generate_claimed_chunks(
-            self.engine, board, None if greedy else self.sampling_seed, r.balance_outstanding_tokens, **sampling)
+            self.engine, board, None if greedy else lambda home: self.sampling_seed(home, step),
+            r.balance_outstanding_tokens, **sampling)
         mine, self.balance_stats = board.finish(run.generated, run.tokens)
         return [s for c in chunks for s in mine[c.index]]
 
@@ -188,8 +186,6 @@ class RolloutWorker:
         self.weight_version = version
         if self.engine is not None:
             state_of(self.engine).version = version
-        if getattr(self, "resharder", None) is not None:
-            self.resharder.version = version
 
     def close(self) -> None:
         from distflow.workers.rollout import sglang_engine

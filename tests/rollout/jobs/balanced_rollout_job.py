@@ -22,8 +22,8 @@ from distflow.workers.rollout.worker import RolloutWorker
 PROMPTS_PER_RANK, N, MAX_NEW_TOKENS = 4, 2, 6
 
 
-def batch_summary(worker, batch) -> dict:
-    infos = worker.infos
+def batch_summary(batch) -> dict:
+    infos = batch.infos
     rows = [batch.sample(i) for i in range(len(batch))]
     return {"ids": batch.sample_ids.tolist(), "groups": batch.groups.tolist(),
             "tokens": [r["input_ids"].tolist() for r in rows],
@@ -45,16 +45,15 @@ def main():
     # Distinct prompts per rank (rank r: token ids 10 + r * 40 + ...), of different lengths.
     prompts = [Prompt(index=rank * 100 + k, input_ids=[10 + rank * 40 + k + j for j in range(3 + k)], messages=[],
                       data_source="test", ground_truth=f"{rank}/{k}") for k in range(PROMPTS_PER_RANK)]
-    worker.step = 3
-    eos = 1
+    step, eos = 3, 1
     dist.barrier()
     cfg.rollout.balance = "partition"
-    partition = batch_summary(worker, worker.generate(prompts, eos, balance=True))
+    partition = batch_summary(worker.generate(prompts, eos, step=step, balance=True))
     partition_stats = worker.balance_stats
     dist.barrier()
     cfg.rollout.balance = "steal"
     os.environ[work_stealing.SLOW_CLAIMS_ENV] = "1:300"  # engine 1 waits until engine 0 has claimed everything
-    steal = batch_summary(worker, worker.generate(prompts, eos, balance=True))
+    steal = batch_summary(worker.generate(prompts, eos, step=step, balance=True))
     steal_stats = worker.balance_stats
     del os.environ[work_stealing.SLOW_CLAIMS_ENV]
     dist.barrier()

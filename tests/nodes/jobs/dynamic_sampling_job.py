@@ -1,4 +1,4 @@
-"""torchrun job: DAPO's collective dynamic-sampling decision (distflow.nodes.filters.collect_groups, the loop the
+"""torchrun job: DAPO's collective dynamic-sampling decision (distflow.nodes.dynamic_sampling.collect_groups, the loop the
 dynamic_sampling node runs) under the per-rank controller, with uneven kept counts per rank.
 
 Every rank but the last holds samples (the last is like a non-owner TP rank of an engine: it only joins the
@@ -21,7 +21,7 @@ from distflow.coordination.data import PackedBatch
 from distflow.dag import Pipeline
 from distflow.dag.controller import RankController
 from distflow.dag.failure import FailureSignal
-from distflow.nodes.filters import Round, collect_groups
+from distflow.nodes.dynamic_sampling import Round, collect_groups
 
 N, GROUPS = 2, 4
 SCENARIOS = {  # kept groups per round for ranks 0, 1, 2 (rank 3 holds nothing); target; max attempts; unit

@@ -17,10 +17,10 @@ actor's data-parallel ranks (MegatronWorker.train_step needs the same rows on ea
 of actor.mini_batch_size prompts still apply, the last one shorter). No group at all: the step ends here
 on every rank (SkipStep) and the update is skipped. The metrics record each case.
 
-Sample ids. The rollout worker numbers each generate call's samples and groups from its engine's base id
-and keeps only the latest call's SampleInfo. A later round's sample and group ids are therefore shifted
-past every earlier round of this step on the same engine, and its infos are kept under the shifted ids,
-so ids stay unique over the job and ctx.rollout.infos describes exactly the kept samples afterwards.
+Sample ids. The rollout worker numbers each generate call's samples and groups from its engine's base id.
+A later round's sample and group ids (and the keys of its batch's infos) are therefore shifted past every
+earlier round of this step on the same engine, so ids stay unique over the job; the kept batch carries the
+infos of exactly its samples.
 
 Metrics (equal on every rank, taken from the collective): dapo/attempts, dapo/kept_groups (trained on),
 dapo/dropped_groups (equal rewards, all rounds), dapo/trimmed_groups, dapo/generated_groups,
@@ -39,6 +39,9 @@ import torch.distributed as dist
 from distflow.algorithms.groups import filter_groups_with_variance
 from distflow.coordination.data import PackedBatch
 from distflow.dag.controller import SkipStep
+from distflow.nodes.reward import score_samples
+from distflow.nodes.rollout import generate_samples
+from distflow.workers.rollout.worker import ID_STRIDE
 
 _SUMMED_OVER_ROUNDS = ("rollout/tokens", "rollout/seconds", "rollout/stolen_groups", "reward/errors",
                        "reward/timeouts")
@@ -179,27 +182,24 @@ def dynamic_sampling(ctx, inputs):
     cfg, a = ctx.cfg, ctx.cfg.algorithm  # overlong_buffer_len <= max_new_tokens: checked by config validation
     holds = inputs["samples"] is not None
     if holds and ctx.prompt_loader is None:
-        raise RuntimeError("dynamic sampling needs this rank's PromptLoader on ctx.prompt_loader (the trainer "
-                           "sets it on engine owners)")
+        raise RuntimeError("dynamic sampling needs this rank's PromptLoader in NodeContext.prompt_loader (the "
+                           "trainer sets it on engine owners)")
 
     def shaped(samples, rewards) -> tuple[Round, torch.Tensor]:
         total, penalty = shape_overlong(samples, rewards, cfg.rollout.max_new_tokens, a.overlong_buffer_len,
                                         a.overlong_penalty_factor)
         return Round(samples, total, rewards.fields["rewards"]), penalty
 
-    first, infos, ids = Round(), {}, None
+    first, ids = Round(), None
     if holds:
         first, penalty = shaped(inputs["samples"], inputs["rewards"])
         ctx.record(**{"dapo/overlong_penalty": float(penalty.mean()) if len(penalty) else 0.0})
-        infos = dict(ctx.rollout.infos)
-        ids = _RoundIds.after(inputs["samples"], ctx.rollout.engine_index)
+        ids = _RoundIds.after(inputs["samples"], ctx.workers.rollout.engine_index)
 
     def draw(attempt: int) -> Round:
         if not holds:
             return Round()
-        samples, rewards = _generate_and_score(ctx)
-        samples, rewards, round_infos = ids.shift(samples, rewards, ctx.rollout.infos)
-        infos.update(round_infos)
+        samples, rewards = ids.shift(*_generate_and_score(ctx))
         return shaped(samples, rewards)[0]
 
     result = collect_groups(first, draw, cfg.data.train_batch_size, a.max_sampling_attempts,
@@ -210,24 +210,17 @@ def dynamic_sampling(ctx, inputs):
                   "dapo/skipped_update": result.kept_groups == 0})
     if result.kept_groups == 0:
         raise SkipStep(f"dynamic sampling kept no group with differing rewards in {result.attempts} round(s)")
-    if holds:
-        ctx.rollout.infos = {i: infos[i] for i in result.samples.sample_ids.tolist()}
     return {"kept_samples": result.samples, "kept_rewards": result.rewards}
 
 
 def _generate_and_score(ctx) -> tuple[PackedBatch, PackedBatch]:
-    """One more round through the generate and score nodes; their per-round metrics do not overwrite the
-    first round's (only the _SUMMED_OVER_ROUNDS ones accumulate)."""
-    from distflow.nodes.reward import score
-    from distflow.nodes.rollout import generate
-
-    first_round = dict(ctx.metrics)
-    samples = generate(ctx, {"prompts": next(ctx.prompt_loader)})["samples"]
-    rewards = score(ctx, {"samples": samples})["rewards"]
-    this_round, ctx.metrics = ctx.metrics, first_round
-    for key in _SUMMED_OVER_ROUNDS:
-        if key in this_round:
-            ctx.metrics[key] = first_round.get(key, 0.0) + this_round[key]
+    """One more round of the generate and score nodes' work; of its metrics only the _SUMMED_OVER_ROUNDS
+    ones are added to the step's (the others describe the first round)."""
+    samples, generated = generate_samples(ctx, next(ctx.prompt_loader))
+    rewards, scored = score_samples(ctx, samples)
+    this_round = {**generated, **scored}
+    metrics = ctx.step.metrics
+    ctx.record(**{key: metrics.get(key, 0.0) + this_round[key] for key in _SUMMED_OVER_ROUNDS if key in this_round})
     return samples, rewards
 
 
@@ -240,8 +233,6 @@ class _RoundIds:
 
     @classmethod
     def after(cls, samples: PackedBatch, engine_index: int) -> "_RoundIds":
-        from distflow.workers.rollout.worker import ID_STRIDE
-
         ids = cls(engine_index * ID_STRIDE, 0, 0)
         ids._advance(samples)
         return ids
@@ -251,18 +242,17 @@ class _RoundIds:
             self.next_sample = int(samples.sample_ids.max()) - self.base + 1
             self.next_group = int(samples.groups.max()) - self.base + 1
 
-    def shift(self, samples: PackedBatch, rewards: PackedBatch, infos: dict):
-        """The round's batches and infos under ids past the earlier rounds'."""
-        from distflow.workers.rollout.worker import ID_STRIDE
-
+    def shift(self, samples: PackedBatch, rewards: PackedBatch) -> tuple[PackedBatch, PackedBatch]:
+        """The round's batches (and the samples' infos) under ids past the earlier rounds'."""
         ds, dg = self.next_sample, self.next_group
         if len(samples) and (int(samples.sample_ids.max()) + ds >= self.base + ID_STRIDE
                              or int(samples.groups.max()) + dg >= self.base + ID_STRIDE):
             raise RuntimeError(f"dynamic sampling: more than {ID_STRIDE} samples on one engine in one step; lower "
                                "algorithm.max_sampling_attempts or data.train_batch_size x rollout.n")
+        infos = None if samples.infos is None else {i + ds: info for i, info in samples.infos.items()}
         samples = PackedBatch(samples.sample_ids + ds, samples.groups + dg, samples.lengths, samples.fields,
-                              samples.row_counts)
+                              samples.row_counts, infos)
         rewards = PackedBatch(rewards.sample_ids + ds, rewards.groups + dg, rewards.lengths, rewards.fields,
                               rewards.row_counts)
         self._advance(samples)
-        return samples, rewards, {i + ds: info for i, info in infos.items()}
+        return samples, rewards

@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling (distflow.nodes.filters): the pure pieces, then the collective decision under
+"""DAPO's dynamic sampling (distflow.nodes.dynamic_sampling): the pure pieces, then the collective decision under
 torchrun with uneven kept counts per rank (4 gloo ranks, one of them holding no samples)."""
 import json
 import time
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from distflow.coordination.data import PackedBatch
-from distflow.nodes.filters import Round, _keep_informative, _RoundIds, dp_unit, groups_to_train, share_out
+from distflow.nodes.dynamic_sampling import Round, _keep_informative, _RoundIds, dp_unit, groups_to_train, share_out
 from distflow.testing.launch import JobFailed, torchrun
 
 JOB = Path(__file__).parent / "jobs" / "dynamic_sampling_job.py"
@@ -59,11 +59,13 @@ def test_later_rounds_get_ids_past_the_earlier_ones():
     first, _ = _batch([base, base + 1, base + 2, base + 3], [base, base, base + 1, base + 1], [0, 1, 0, 1])
     ids = _RoundIds.after(first, engine_index=2)
     again_s, again_r = _batch([base, base + 1, base + 2, base + 3], [base, base, base + 1, base + 1], [1, 0, 1, 1])
-    s, r, infos = ids.shift(again_s, again_r, {base + i: f"info{i}" for i in range(4)})
+    again_s = PackedBatch(again_s.sample_ids, again_s.groups, again_s.lengths, again_s.fields, again_s.row_counts,
+                          infos={base + i: f"info{i}" for i in range(4)})
+    s, r = ids.shift(again_s, again_r)
     assert s.sample_ids.tolist() == [base + 4, base + 5, base + 6, base + 7] == r.sample_ids.tolist()
     assert s.groups.tolist() == [base + 2, base + 2, base + 3, base + 3] == r.groups.tolist()
-    assert infos == {base + 4: "info0", base + 5: "info1", base + 6: "info2", base + 7: "info3"}
-    third = ids.shift(again_s, again_r, {})[0]
+    assert s.infos == {base + 4: "info0", base + 5: "info1", base + 6: "info2", base + 7: "info3"}
+    third = ids.shift(again_s, again_r)[0]
     assert third.sample_ids.min().item() == base + 8 and third.groups.min().item() == base + 4
 
 
