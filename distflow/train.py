@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from distflow.config import ConfigError, DistFlowConfig, resolve
 from distflow.library_noise import silence_library_noise
 from distflow.layout import ClusterLayout, LayoutError
-from distflow.models.shape import ModelShape
+from distflow.layout.model_shape import ModelShape
 from distflow.preflight import check_model_paths, preflight
 
 # What a bad input raises before any process group exists: answered with one line and exit code 2.

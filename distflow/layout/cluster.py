@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from distflow.config.schema import DistFlowConfig
+from distflow.layout.model_shape import ModelShape
 from distflow.layout.parallel import LayoutError, ParallelLayout
 from distflow.layout.placement import Placement
-from distflow.models.shape import ModelShape
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
+from distflow.layout.model_shape import ModelShape
 from distflow.models import tp_sharding
 from distflow.models.conversion import HFCheckpoint, hf_to_megatron_shard
 from distflow.models.hf_validation import check_hf_checkpoint
 from distflow.models.moe import num_experts
-from distflow.models.shape import ModelShape
 
 SOURCE_FILE = "distflow_hf_source.json"
 HF_ASSETS_DIR = "hf_assets"

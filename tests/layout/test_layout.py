@@ -5,7 +5,7 @@ import pytest
 
 from distflow.config import resolve
 from distflow.layout import ClusterLayout, LayoutError, ParallelLayout, Placement
-from distflow.models.shape import ModelShape
+from distflow.layout.model_shape import ModelShape
 
 DENSE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=2, hidden_size=64, vocab_size=512)
 MOE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4, hidden_size=64, vocab_size=512, num_experts=6)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from distflow.coordination.data import PackedBatch
+from distflow.batch import PackedBatch
 
 ID_STRIDE = 1_000_000  # sample id = engine * ID_STRIDE + local index: unique over the job without talking
 
