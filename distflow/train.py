@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from distflow.config import ConfigError, DistFlowConfig, resolve
-from distflow.library_noise import silence_library_noise
+from distflow.distributed.library_noise import silence_library_noise
 from distflow.layout import ClusterLayout, LayoutError
 from distflow.layout.model_shape import ModelShape
 from distflow.preflight import check_model_paths, preflight

@@ -20,7 +20,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from distflow.training_world import in_training_world
+from distflow.distributed.training_world import in_training_world
 from distflow.workers.megatron import batching, builder, hf_io, steps
 from distflow.workers.megatron.offload import ParameterOffloader
 from distflow.workers.megatron.value_head import install_value_head
