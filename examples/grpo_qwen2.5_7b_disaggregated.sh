@@ -50,8 +50,7 @@ ACTOR_ARGS=(
     actor.optim.lr=1.0e-6
 )
 REF_ARGS=(
-    ref.tp=2 ref.pp=1
-    ref.max_tokens_per_micro_batch=32768
+    ref.max_tokens_per_micro_batch=32768         # the reference runs in the actor's layout
 )
 ROLLOUT_ARGS=(
     rollout.placement=disaggregated
