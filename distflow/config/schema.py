@@ -8,6 +8,8 @@ checked against those libraries (see passthrough.py).
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from distflow.config.dtypes import DtypeName
+
 
 def option(default, help: str):
     """A config field with a default and its documentation."""
@@ -25,7 +27,7 @@ def section(cls, help: str):
 class ModelConfig:
     path: str = option("", "Hugging Face model directory (config.json, *.safetensors, tokenizer) to start from.")
     tokenizer_path: Optional[str] = option(None, "Tokenizer directory; defaults to model.path.")
-    dtype: Literal["float32", "bfloat16", "float16"] = option(
+    dtype: DtypeName = option(
         "bfloat16", "Compute dtype of training and rollout. float32 on CPU (no fast bf16 matmul there).")
 
 
