@@ -28,7 +28,6 @@ writes them into its staging buffer.
 import contextlib
 import logging
 import os
-import re
 import socket
 import tempfile
 import time
@@ -44,12 +43,12 @@ from distflow.coordination.weights import engine_side
 from distflow.coordination.weights.group_transport import GroupTransport
 from distflow.coordination.weights.plan import WeightSyncPlan, plan_weight_sync
 from distflow.coordination.weights.regions import narrow
+from distflow.models.tp_sharding import LOCAL_EXPERT as _LOCAL_EXPERT
 from distflow.workers.rollout import engine_health
 from distflow.workers.rollout.engine_health import EngineDiedError  # noqa: F401 - re-exported
 from distflow.workers.rollout.engine_state import state_of
 
 logger = logging.getLogger(__name__)
-_LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 
 
 
