@@ -26,9 +26,9 @@ import torch.distributed as dist
 
 from distflow import distributed
 from distflow.config import ConfigError, resolve
-from distflow.library_noise import silence_library_noise
+from distflow.distributed.library_noise import silence_library_noise
 from distflow.layout import ClusterLayout, LayoutError
-from distflow.models.shape import ModelShape
+from distflow.layout.model_shape import ModelShape
 from distflow.preflight import check_model_paths, preflight
 from distflow.run_context import RunContext, progress
 

@@ -13,6 +13,7 @@ from distflow.data.loader import PromptLoader
 from distflow.data.prompts import PromptDataset
 from distflow.nodes.context import Workers
 from distflow.nodes.reward_model_setup import build_reward_model
+from distflow.nodes.sync import WeightSync
 from distflow.rewards.pool import RewardPool
 from distflow.run_context import RunContext
 from distflow.workers.megatron.worker import MegatronWorker
@@ -39,7 +40,8 @@ def build_workers(run: RunContext, pipeline, tokenizer) -> Workers:
         for worker in (workers.actor, workers.critic):
             if worker is not None:
                 worker.max_consecutive_bad_steps = cfg.trainer.max_consecutive_bad_steps
-    workers.rollout = RolloutWorker(cfg, cluster.placement, run.rank, cfg.model.path)
+    workers.rollout = RolloutWorker(cfg, cluster.placement, run.rank, cfg.model.path,
+                                    weight_loaders=WeightSync.engine_loaders())
     run.log(f"{cluster.placement.num_engines} SGLang engine(s) up")
     if workers.rollout.owner:
         workers.reward_pool = RewardPool.from_config(cfg.reward)

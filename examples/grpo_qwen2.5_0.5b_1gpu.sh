@@ -63,8 +63,7 @@ ACTOR_ARGS=(
     actor.optim.lr=1.0e-6
 )
 REF_ARGS=(
-    ref.tp=1 ref.pp=1                            # frozen reference for the KL term
-    ref.max_tokens_per_micro_batch=16384
+    ref.max_tokens_per_micro_batch=16384         # frozen reference for the KL term, in the actor's layout
 )
 ROLLOUT_ARGS=(
     rollout.placement=colocated

@@ -48,8 +48,7 @@ ACTOR_ARGS=(
     actor.optim.lr=1.0e-6
 )
 REF_ARGS=(
-    ref.tp=8 ref.pp=2
-    ref.max_tokens_per_micro_batch=16384
+    ref.max_tokens_per_micro_batch=16384         # the reference runs in the actor's layout
 )
 ROLLOUT_ARGS=(
     rollout.placement=colocated

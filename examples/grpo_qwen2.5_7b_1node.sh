@@ -48,8 +48,7 @@ ACTOR_ARGS=(
     actor.optim.lr=1.0e-6
 )
 REF_ARGS=(
-    ref.tp=2 ref.pp=1                            # frozen reference for the KL term, same layout as the actor
-    ref.max_tokens_per_micro_batch=32768
+    ref.max_tokens_per_micro_batch=32768         # frozen reference for the KL term, in the actor's layout
 )
 ROLLOUT_ARGS=(
     rollout.placement=colocated

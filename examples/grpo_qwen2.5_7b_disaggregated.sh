@@ -8,7 +8,7 @@
 #   sbatch --nodes 2 examples/slurm/sbatch_distflow.sh examples/grpo_qwen2.5_7b_disaggregated.sh
 #   DRY_RUN=1 bash examples/grpo_qwen2.5_7b_disaggregated.sh      # plan only, on any machine
 # Status: the dry run plans this layout; distflow.train does not yet build Megatron's process groups on a
-# subset of the ranks (distflow/distributed.py), so a real run stops there with a LayoutError.
+# subset of the ranks (distflow/distributed/process_groups.py), so a real run stops there with a LayoutError.
 # Data: MATH in the RL schema, data_source DigitalLearningGmbH/MATH-lighteval (reward.name=auto: boxed answer,
 # math-verify), e.g. from your copy of the MATH train and test jsonl files:
 #   python tools/prepare_data.py math --input math_train.jsonl --split train --out /data/math
@@ -50,8 +50,7 @@ ACTOR_ARGS=(
     actor.optim.lr=1.0e-6
 )
 REF_ARGS=(
-    ref.tp=2 ref.pp=1
-    ref.max_tokens_per_micro_batch=32768
+    ref.max_tokens_per_micro_batch=32768         # the reference runs in the actor's layout
 )
 ROLLOUT_ARGS=(
     rollout.placement=disaggregated

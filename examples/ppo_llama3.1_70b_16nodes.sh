@@ -47,8 +47,7 @@ ACTOR_ARGS=(
     actor.optim.lr=1.0e-6
 )
 CRITIC_ARGS=(
-    critic.enable=true critic.path="${CRITIC_PATH}"
-    critic.tp=8 critic.pp=4                      # the same layout: a second 70 B model's states on every GPU
+    critic.enable=true critic.path="${CRITIC_PATH}"  # in the actor's layout: a second 70 B model's states on every GPU
     critic.sequence_parallel=true
     critic.max_tokens_per_micro_batch=8192
     critic.recompute_granularity=full critic.recompute_method=uniform critic.recompute_num_layers=1
@@ -56,8 +55,7 @@ CRITIC_ARGS=(
     critic.optim.lr=1.0e-5 critic.optim.lr_warmup_steps=10
 )
 REF_ARGS=(
-    ref.tp=8 ref.pp=4
-    ref.max_tokens_per_micro_batch=16384
+    ref.max_tokens_per_micro_batch=16384         # the reference runs in the actor's layout
 )
 ROLLOUT_ARGS=(
     rollout.placement=colocated

@@ -21,6 +21,8 @@ with, an unsupported architecture) stops the tool with exit code 2 and the key, 
 import argparse
 import sys
 
+from distflow.config.dtypes import DTYPE_NAMES  # torch-free: --help stays instant
+
 
 def parse_size(text: str) -> int:
     """'5GB', '500MB', '64KB' or a byte count."""
@@ -42,7 +44,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True, help="HF model directory to write (replaced if present)")
     parser.add_argument("--max-shard-size", type=parse_size, default="5GB",
                         help="largest safetensors file, e.g. 5GB, 500MB (bounds memory too)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default=None,
                         help="tensor dtype to write (default: the source HF checkpoint's)")
     parser.add_argument("--verify", action="store_true", help="compare the written files with the checkpoint")
     parser.add_argument("--no-progress", action="store_true")

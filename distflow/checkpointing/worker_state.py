@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from distflow.checkpointing.errors import CheckpointError
+from distflow.distributed.training_world import in_training_world
 from distflow.models.checkpoint_import import sharded_state_dict
-from distflow.training_world import in_training_world
 
 
 @in_training_world

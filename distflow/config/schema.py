@@ -8,6 +8,8 @@ checked against those libraries (see passthrough.py).
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from distflow.config.dtypes import DtypeName
+
 
 def option(default, help: str):
     """A config field with a default and its documentation."""
@@ -25,7 +27,7 @@ def section(cls, help: str):
 class ModelConfig:
     path: str = option("", "Hugging Face model directory (config.json, *.safetensors, tokenizer) to start from.")
     tokenizer_path: Optional[str] = option(None, "Tokenizer directory; defaults to model.path.")
-    dtype: Literal["float32", "bfloat16", "float16"] = option(
+    dtype: DtypeName = option(
         "bfloat16", "Compute dtype of training and rollout. float32 on CPU (no fast bf16 matmul there).")
 
 
@@ -77,14 +79,32 @@ class ActorConfig(MegatronRoleConfig):
     optim: OptimizerConfig = section(OptimizerConfig, "Actor optimizer and LR schedule.")
 
 
+# The parallel sizes of a Megatron role, the fields that make its ParallelLayout.
+LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp")
+_FOLLOWS = "unset: the actor's (the {role} shares the actor's Megatron process groups, so only that value fits)"
+
+
 @dataclass
-class CriticConfig(ActorConfig):
+class FollowsActorLayout:
+    """The parallel sizes of a role that runs in the actor's Megatron process groups (reference, critic): each
+    unset one is the actor's (DistFlowConfig.parallel_sizes); an explicit different one is a LayoutError."""
+
+    tp: Optional[int] = option(None, f"Tensor-parallel size; {_FOLLOWS}.")
+    pp: Optional[int] = option(None, f"Pipeline-parallel size; {_FOLLOWS}.")
+    vpp: Optional[int] = option(None, f"Virtual pipeline stages per pipeline rank; {_FOLLOWS}.")
+    cp: Optional[int] = option(None, f"Context-parallel size; {_FOLLOWS}.")
+    ep: Optional[int] = option(None, f"Expert-parallel size (MoE); {_FOLLOWS}.")
+    etp: Optional[int] = option(None, f"Expert tensor-parallel size (MoE); {_FOLLOWS}.")
+
+
+@dataclass
+class CriticConfig(FollowsActorLayout, ActorConfig):
     enable: bool = option(False, "Train a critic (PPO with GAE). Turned on by algorithm.adv_estimator=gae.")
     path: Optional[str] = option(None, "HF checkpoint to initialise the critic from; defaults to model.path.")
 
 
 @dataclass
-class RefConfig(MegatronRoleConfig):
+class RefConfig(FollowsActorLayout, MegatronRoleConfig):
     enable: bool = option(True, "Keep a frozen reference model for the KL term (off when no KL is used).")
 
 
@@ -258,3 +278,10 @@ class DistFlowConfig:
     trainer: TrainerConfig = section(TrainerConfig, "The training loop.")
     tracking: TrackingConfig = section(TrackingConfig, "Metrics tracking.")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "Checkpointing and resume.")
+
+    def parallel_sizes(self, role: str) -> dict:
+        """The parallel sizes {tp, pp, vpp, cp, ep, etp} of `role` (actor, ref, critic): the role's own where set,
+        else the actor's. etp may be None: that layout's tp (ParallelLayout.for_world)."""
+        own, actor = getattr(self, role), self.actor
+        return {name: getattr(actor, name) if getattr(own, name) is None else getattr(own, name)
+                for name in LAYOUT_FIELDS}

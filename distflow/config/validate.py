@@ -38,7 +38,7 @@ TRACKING_BACKENDS = ("console", "jsonl", "wandb", "tensorboard")
 def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowConfig:
     """Raises ConfigError on the first inconsistency; returns cfg unchanged otherwise."""
     for role in ("actor", "critic", "ref"):
-        _validate_role(role, getattr(cfg, role))
+        _validate_role(role, getattr(cfg, role), cfg.parallel_sizes(role))
     r = cfg.rollout
     if r.placement == "colocated" and r.num_ranks != 0:
         raise ConfigError(f"rollout.num_ranks={r.num_ranks} only applies to placement=disaggregated; "
@@ -78,12 +78,13 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
     return cfg
 
 
-def _validate_role(role: str, rc) -> None:
-    for name in ("tp", "pp", "vpp", "cp", "ep", "micro_batch_size", "max_tokens_per_micro_batch"):
-        _positive(f"{role}.{name}", getattr(rc, name))
-    if rc.etp is not None:
-        _positive(f"{role}.etp", rc.etp)
-    if rc.sequence_parallel and rc.tp == 1:
+def _validate_role(role: str, rc, sizes: dict) -> None:
+    """sizes: the role's parallel sizes, the actor's where the role leaves them unset."""
+    for name in ("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "max_tokens_per_micro_batch"):
+        value = getattr(rc, name)
+        if value is not None:  # unset: the actor's (checked as the actor's) or, for etp, the layout's tp
+            _positive(f"{role}.{name}", value)
+    if rc.sequence_parallel and sizes["tp"] == 1:
         raise ConfigError(f"{role}.sequence_parallel=true needs {role}.tp > 1 (got tp=1)")
     error = offload_error(role, rc)
     if error:

@@ -9,7 +9,7 @@ from distflow.dag.graph import PipelineError
 from distflow.dag.loading import load_pipeline
 from distflow.dag.roles import describe_pipeline
 from distflow.layout import ClusterLayout, LayoutError
-from distflow.models.shape import ModelShape
+from distflow.layout.model_shape import ModelShape
 
 
 def main(argv=None) -> int:

@@ -7,7 +7,7 @@ inputs. Validation runs before any process group exists and names the offending 
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from distflow.dotted_path import load_callable
+from distflow.config.dotted_path import load_callable
 
 # Roles a node can run on. "all" nodes run on every rank (cheap per-sample work such as advantages).
 ROLES = ("rollout", "reward", "actor", "ref", "critic", "reward_model", "all")

@@ -1,9 +1,9 @@
 """Turns dag.pipeline (a built-in name or 'module:function') into a Pipeline for a config."""
 from distflow.config import ConfigError
+from distflow.config.dotted_path import load_callable
 from distflow.config.schema import DistFlowConfig
 from distflow.dag.builtin import BUILTIN
 from distflow.dag.graph import Pipeline
-from distflow.dotted_path import load_callable
 
 
 def load_pipeline(cfg: DistFlowConfig) -> Pipeline:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from distflow.config.schema import DistFlowConfig
+from distflow.layout.model_shape import ModelShape
 from distflow.layout.parallel import LayoutError, ParallelLayout
 from distflow.layout.placement import Placement
-from distflow.models.shape import ModelShape
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,8 @@ class ClusterLayout:
         layouts = {}
         for role, enabled in (("actor", True), ("ref", cfg.ref.enable and needs_reference(cfg)),
                               ("critic", cfg.critic.enable)):
-            rc = getattr(cfg, role)
-            layouts[role] = ParallelLayout.for_world(n_train, tp=rc.tp, pp=rc.pp, cp=rc.cp, vpp=rc.vpp, ep=rc.ep,
-                                                     etp=rc.etp, role=role) if enabled else None
+            layouts[role] = (ParallelLayout.for_world(n_train, **cfg.parallel_sizes(role), role=role) if enabled
+                             else None)
         for role in ("ref", "critic"):
             _require_actor_layout(role, layouts[role], layouts["actor"], getattr(cfg, role), cfg.actor)
         if shape is not None:
@@ -61,7 +60,8 @@ def needs_reference(cfg: DistFlowConfig) -> bool:
 
 def _require_actor_layout(role: str, layout, actor, role_cfg, actor_cfg) -> None:
     """Megatron-Core keeps one set of process groups per process, built for the actor's layout, so the
-    reference and the critic (on the same ranks) must use that layout too."""
+    reference and the critic (on the same ranks) must use that layout too: their unset sizes are the actor's
+    (DistFlowConfig.parallel_sizes), an explicit different one is an error naming it."""
     if layout is None or layout == actor:
         return
     fields = ("tp", "pp", "vpp", "cp", "ep", "etp")

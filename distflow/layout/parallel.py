@@ -7,7 +7,7 @@ so coordinates computed here agree with megatron.core.parallel_state without cre
 from dataclasses import dataclass
 from typing import Optional
 
-from distflow.models.shape import ModelShape
+from distflow.layout.model_shape import ModelShape
 
 
 class LayoutError(ValueError):

@@ -8,8 +8,8 @@ disaggregated: the first world - rollout.num_ranks ranks train, the last rollout
 from dataclasses import dataclass
 from typing import Literal
 
+from distflow.layout.model_shape import ModelShape
 from distflow.layout.parallel import LayoutError
-from distflow.models.shape import ModelShape
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,9 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorSt
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
+from distflow.config.dtypes import torch_dtype
 from distflow.models import expert_layout, weight_mapping
-from distflow.models.checkpoint_import import DTYPES, HF_ASSETS_DIR, hf_dtype, read_source
+from distflow.models.checkpoint_import import HF_ASSETS_DIR, hf_dtype, read_source
 from distflow.models.checkpoint_import import SOURCE_FILE as SOURCE_FILE_NAME
 from distflow.models.conversion import HFCheckpoint, megatron_full_to_hf
 from distflow.models.hf_validation import InvalidHFCheckpoint, expected_hf_shapes, spec_or_error
@@ -303,7 +304,7 @@ def export_to_hf(megatron_dir, out_dir, max_shard_bytes: int = 5 * 2**30, dtype:
 
     source, assets = export_source(megatron_dir, hf_source)
     hf_config, spec = source["hf_config"], source_spec(megatron_dir, hf_config=source["hf_config"])
-    target_dtype = DTYPES[dtype or source["dtype"]]
+    target_dtype = torch_dtype(dtype or source["dtype"], "--dtype")
     out_dir = Path(out_dir)
     reader = DistCheckpointReader(megatron_dir, spec, hf_config)
     tmp = out_dir.with_name(out_dir.name + ".tmp")

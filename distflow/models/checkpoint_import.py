@@ -14,17 +14,17 @@ from pathlib import Path
 
 import torch
 
+from distflow.config.dtypes import torch_dtype
+from distflow.layout.model_shape import ModelShape
 from distflow.models import tp_sharding
 from distflow.models.conversion import HFCheckpoint, hf_to_megatron_shard
 from distflow.models.hf_validation import check_hf_checkpoint
 from distflow.models.moe import num_experts
-from distflow.models.shape import ModelShape
 
 SOURCE_FILE = "distflow_hf_source.json"
 HF_ASSETS_DIR = "hf_assets"
 FORMAT_VERSION = 1
 _WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth", ".gguf")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -198,6 +198,4 @@ def read_source(megatron_dir) -> dict:
 def hf_dtype(hf_config: dict) -> torch.dtype:
     """The checkpoint's parameter dtype (config `dtype`, or `torch_dtype` in older configs); fp32 if absent."""
     name = hf_config.get("dtype") or hf_config.get("torch_dtype") or "float32"
-    if name not in DTYPES:
-        raise ValueError(f"config dtype {name!r} is not one of {sorted(DTYPES)}")
-    return DTYPES[name]
+    return torch_dtype(name, "config dtype")

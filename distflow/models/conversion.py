@@ -7,7 +7,6 @@ HFCheckpoint.get), and returns exactly the state_dict entries of that rank's GPT
 through checkpoint_import.py / checkpoint_export.py (Megatron dist checkpoints).
 """
 import json
-import re
 from pathlib import Path
 from typing import Callable
 
@@ -17,7 +16,6 @@ from safetensors import safe_open
 from distflow.models import expert_layout, tp_sharding, weight_mapping
 from distflow.models.spec import DenseFamilySpec, as_config_dict
 
-_LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 
 
 def hf_to_megatron_shard(spec: DenseFamilySpec, hf_config, get_hf_tensor: Callable[[str], torch.Tensor], *,
@@ -58,9 +56,9 @@ def merge_expert_parallel(ep_states: list[dict[str, torch.Tensor]]) -> dict[str,
     numbered globally, as in an EP=1 model (global expert = ep_rank * local experts per rank + local)."""
     merged = {}
     for ep_rank, state in enumerate(ep_states):
-        per_rank = len({m.group(1) for n in state if (m := _LOCAL_EXPERT.search(n))})
+        per_rank = len({m.group(1) for n in state if (m := tp_sharding.LOCAL_EXPERT.search(n))})
         for name, tensor in state.items():
-            match = _LOCAL_EXPERT.search(name)
+            match = tp_sharding.LOCAL_EXPERT.search(name)
             if match:
                 global_e = ep_rank * per_rank + int(match.group(1))
                 name = f"{name[:match.start(1)]}{global_e}{name[match.end(1):]}"

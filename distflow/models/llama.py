@@ -5,4 +5,4 @@ spec.check_rope_scaling for the values Megatron-Core can reproduce.
 """
 from distflow.models.spec import DenseFamilySpec
 
-SPEC = DenseFamilySpec(family="llama", hf_architecture="LlamaForCausalLM")
+SPEC = DenseFamilySpec(family="llama", hf_architecture="LlamaForCausalLM", sglang_shards=True)

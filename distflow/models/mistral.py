@@ -3,4 +3,4 @@ rejected until the window is mapped to Megatron's window_size and checked agains
 """
 from distflow.models.spec import DenseFamilySpec
 
-SPEC = DenseFamilySpec(family="mistral", hf_architecture="MistralForCausalLM")
+SPEC = DenseFamilySpec(family="mistral", hf_architecture="MistralForCausalLM", sglang_shards=True)

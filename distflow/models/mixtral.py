@@ -7,4 +7,4 @@ from distflow.models.moe import MoEFamilySpec
 
 SPEC = MoEFamilySpec(family="mixtral", hf_architecture="MixtralForCausalLM", hf_moe_block="block_sparse_moe",
                      hf_expert_projections=("w1", "w3", "w2"), hf_expert_ffn_key="intermediate_size",
-                     hf_norm_topk_key=None)
+                     hf_norm_topk_key=None, sglang_shards=True)

@@ -4,4 +4,4 @@ shared expert gated by sigmoid(shared_expert_gate(x)); top-k weights not renorma
 from distflow.models.moe import MoEFamilySpec
 
 SPEC = MoEFamilySpec(family="qwen2_moe", hf_architecture="Qwen2MoeForCausalLM", qkv_bias=True,
-                     shared_expert=True)
+                     shared_expert=True, sglang_shards=True)

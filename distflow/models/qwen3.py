@@ -3,4 +3,4 @@ that need not equal hidden_size / num_attention_heads (it becomes Megatron's kv_
 """
 from distflow.models.spec import DenseFamilySpec
 
-SPEC = DenseFamilySpec(family="qwen3", hf_architecture="Qwen3ForCausalLM", qk_layernorm=True)
+SPEC = DenseFamilySpec(family="qwen3", hf_architecture="Qwen3ForCausalLM", qk_layernorm=True, sglang_shards=True)

@@ -3,4 +3,4 @@ shared expert; released checkpoints set norm_topk_prob=True (renormalised top-k 
 """
 from distflow.models.moe import MoEFamilySpec
 
-SPEC = MoEFamilySpec(family="qwen3_moe", hf_architecture="Qwen3MoeForCausalLM", qk_layernorm=True)
+SPEC = MoEFamilySpec(family="qwen3_moe", hf_architecture="Qwen3MoeForCausalLM", qk_layernorm=True, sglang_shards=True)

@@ -22,6 +22,10 @@ class DenseFamilySpec:
     """q/k/v projections have biases (Qwen2) while every other linear layer has none."""
     qk_layernorm: bool = False
     """RMSNorm over each head's query and key before rotary embedding (Qwen3)."""
+    sglang_shards: bool = False
+    """SGLang's model for this family takes its own TP shards as coordination/weights/sglang_layout lays them out
+    (Llama's fused qkv/gate_up; MoE: sglang_moe_layout's fused experts), so the weight sync can send each
+    engine rank only its slice; False: the sync sends HF-named full tensors (mode "hf")."""
     moe: ClassVar[bool] = False
     """Mixture-of-experts MLPs (moe.MoEFamilySpec); the weight mapping branches on it."""
 

@@ -12,6 +12,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, GenerationConfig
 
+from distflow.config.dtypes import torch_dtype
 from distflow.models.tiny_tokenizer import PAD_TOKEN, train_tiny_tokenizer
 
 # family -> (config class name, architecture). Names, not classes, so that importing this module is cheap.
@@ -66,7 +67,7 @@ def make_tiny_model(family: str, out_dir, rope: str = "default", **sizes) -> Pat
     torch.manual_seed(s["seed"])  # anything _fill_weights does not reach (none today) is still seeded
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _fill_weights(model, s["seed"])
-    model.to(getattr(torch, s["dtype"]))
+    model.to(torch_dtype(s["dtype"]))
     # Chat models stop at the end of the turn; base-model text stops at end-of-text.
     model.generation_config = GenerationConfig(
         bos_token_id=token_ids["bos_token_id"], pad_token_id=token_ids["pad_token_id"],

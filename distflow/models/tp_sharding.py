@@ -14,6 +14,8 @@ and `unshard(...)` inverts it for gathering. The layouts follow Megatron's modul
 MoE experts (`mlp.experts.local_experts.{e}.linear_fc1/fc2`) follow the same rules over the expert
 tensor-parallel group (ETP) instead of TP; a shared expert is an ordinary TP MLP.
 """
+import re
+
 import torch
 
 COLUMN, GATED_COLUMN, ROW, VOCAB, REPLICATED = "column", "gated_column", "row", "vocab", "replicated"
@@ -29,6 +31,11 @@ _LAYOUT_BY_SUFFIX = {
     "mlp.router.weight": REPLICATED,
     "mlp.shared_experts.gate_weight": REPLICATED,
 }
+
+
+LOCAL_EXPERT = re.compile(r"(?:^|\.)mlp\.experts\.local_experts\.(\d+)\.")
+"""A routed expert's parameter in a Megatron name (SequentialMLP), whole or from its layer's `mlp.` on: group 1
+is the expert's index on its EP rank. The one definition; conversion, export and the weight sync read it."""
 
 
 def is_expert_param(megatron_name: str) -> bool:

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import torch
 
 from distflow.models.moe import num_experts
+from distflow.models.tp_sharding import LOCAL_EXPERT
 from distflow.models.spec import DenseFamilySpec, as_config_dict
 
 COPY, QKV, GATE_UP = "copy", "qkv", "gate_up"
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
-_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def rule_for(spec: DenseFamilySpec, hf_config, megatron_name: str, layer_offset:
     if match:
         local, suffix = int(match.group(1)), match.group(2)
         hf_prefix = f"model.layers.{layer_offset + local}."
-        expert = _EXPERT.match(suffix)
+        expert = LOCAL_EXPERT.match(suffix)
         if expert:  # only this expert's rules: a layer may have hundreds
             suffix_rules = moe_mlp_rules(spec, as_config_dict(hf_config), experts=[int(expert.group(1))])
         else:

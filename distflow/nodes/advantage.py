@@ -15,7 +15,7 @@ from distflow.algorithms import advantages as adv
 from distflow.algorithms.aggregation import masked_sum
 from distflow.algorithms.reward_shaping import apply_kl_penalty, outcome_token_rewards
 from distflow.coordination.data import PackedBatch
-from distflow.nodes.context import from_padded, to_padded
+from distflow.batch import from_padded, to_padded
 
 OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
 

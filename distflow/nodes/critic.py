@@ -5,7 +5,7 @@ the return from just before response token t (MegatronWorker's alignment), which
 """
 from distflow.algorithms.aggregation import masked_mean
 from distflow.algorithms.value_loss import value_loss
-from distflow.nodes.context import from_padded, to_padded
+from distflow.batch import from_padded, to_padded
 
 
 def critic_values(ctx, inputs):

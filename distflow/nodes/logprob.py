@@ -1,5 +1,5 @@
 """actor_logprobs / ref_logprobs: Megatron forward passes in the training layout."""
-from distflow.nodes.context import to_padded
+from distflow.batch import to_padded
 
 
 def _logprobs(worker, samples):

@@ -5,7 +5,7 @@ import math
 import torch
 
 from distflow.coordination.data import PackedBatch
-from distflow.nodes.context import to_padded
+from distflow.batch import to_padded
 from distflow.rewards.pool import RewardSample
 
 

@@ -17,7 +17,7 @@ import time
 
 import torch.distributed as dist
 
-from distflow.coordination.weights import WeightResharder, megatron_tensors
+from distflow.coordination.weights import WeightResharder, engine_side, megatron_tensors
 from distflow.workers.rollout.worker import placement_device
 
 
@@ -37,6 +37,12 @@ class WeightSync:
     def for_run(cfg, cluster, rank: int, actor, rollout) -> "WeightSync":
         sync_class = FullSync if cfg.sync.method == "full" else ReshardedSync
         return sync_class(cfg, cluster, rank, actor, rollout)
+
+    @staticmethod
+    def engine_loaders() -> tuple[str, ...]:
+        """The SGLang custom weight loaders every engine starts with, for the resharder's loads and probes
+        (and harmless to the full sync, which loads through SGLang's own loader)."""
+        return tuple(engine_side.engine_args()["custom_weight_loader"])
 
     def sync(self) -> dict[str, float]:
         """Collective: the engines hold the actor's weights as the next version; returns the sync/* metrics."""

@@ -1,6 +1,6 @@
 """train_actor: one policy update over the moved batch (mini-batches and micro-batches inside the worker)."""
 from distflow.algorithms.policy_loss import policy_loss
-from distflow.nodes.context import to_padded
+from distflow.batch import to_padded
 
 
 def train_actor(ctx, inputs):

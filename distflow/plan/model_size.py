@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from distflow.models.shape import ModelShape
+from distflow.layout.model_shape import ModelShape
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ samples' response mask, so it needs nothing beyond what travels with the samples
 import torch
 
 from distflow.algorithms.reward_shaping import overlong_penalty
-from distflow.coordination.data import PackedBatch
+from distflow.batch import PackedBatch
 
 
 def response_lengths(samples: PackedBatch) -> torch.Tensor:

@@ -19,7 +19,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Callable
 
-from distflow.dotted_path import load_callable
+from distflow.config.dotted_path import load_callable
 
 # name -> "module:function"
 BUILTIN_SCORERS = {

@@ -21,7 +21,8 @@ def test_yaml_and_overrides_reach_typed_fields(tmp_path):
     assert (cfg.actor.tp, cfg.actor.pp, cfg.actor.optim.lr) == (2, 2, 1e-5)
     assert cfg.rollout.n == 4 and cfg.rollout.temperature == 0.7
     assert cfg.data.train_files == ["a.parquet", "b.parquet"]
-    assert cfg.critic.tp == 1  # untouched sections keep their defaults
+    assert cfg.critic.mini_batch_size == 0  # untouched sections keep their defaults
+    assert cfg.critic.tp is None and cfg.parallel_sizes("critic")["tp"] == 2  # unset: the actor's
 
 
 def test_exponent_without_dot_is_a_float():

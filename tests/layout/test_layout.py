@@ -3,9 +3,9 @@ import itertools
 
 import pytest
 
-from distflow.config import resolve
+from distflow.config import ConfigError, resolve
 from distflow.layout import ClusterLayout, LayoutError, ParallelLayout, Placement
-from distflow.models.shape import ModelShape
+from distflow.layout.model_shape import ModelShape
 
 DENSE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=2, hidden_size=64, vocab_size=512)
 MOE = ModelShape(num_layers=4, num_heads=8, num_kv_heads=4, hidden_size=64, vocab_size=512, num_experts=6)
@@ -114,9 +114,27 @@ def test_cluster_layout_rejects_before_any_process_group():
 
 
 def test_reference_and_critic_must_share_the_actor_layout():
-    cfg = resolve(None, ["actor.tp=2", "algorithm.kl_coef=0.1"])  # ref.tp stays 1
+    cfg = resolve(None, ["actor.tp=2", "ref.tp=1", "algorithm.kl_coef=0.1"])
     with pytest.raises(LayoutError, match=r"ref\.tp=1 \(actor\.tp=2\).*set its parallel sizes to the actor's"):
         ClusterLayout.from_config(cfg, 4, DENSE)
-    cfg = resolve(None, ["actor.pp=2", "critic.enable=true"])
+    cfg = resolve(None, ["actor.pp=2", "critic.enable=true", "critic.pp=1"])
     with pytest.raises(LayoutError, match=r"critic\.pp=1 \(actor\.pp=2\)"):
         ClusterLayout.from_config(cfg, 4, DENSE)
+
+
+def test_reference_and_critic_layouts_default_to_the_actor_layout():
+    cfg = resolve(None, ["actor.tp=2", "actor.pp=2", "actor.vpp=2", "algorithm.kl_coef=0.1", "critic.enable=true",
+                         "critic.tp=2"])  # an explicit equal size is fine too
+    cluster = ClusterLayout.from_config(cfg, 8, DENSE)
+    assert cluster.ref == cluster.actor == cluster.critic and cluster.actor.describe() == "tp=2 pp=2 dp=2 cp=1 vpp=2"
+    cfg = resolve(None, ["actor.tp=2", "actor.ep=2", "actor.etp=1", "algorithm.kl_coef=0.1", "critic.enable=true"])
+    cluster = ClusterLayout.from_config(cfg, 4, MOE)
+    assert cluster.ref == cluster.critic == cluster.actor and (cluster.ref.ep, cluster.ref.etp) == (2, 1)
+
+
+def test_sequence_parallel_of_a_role_reads_its_tp_or_the_actors():
+    assert resolve(None, ["actor.tp=2", "ref.sequence_parallel=true"]).parallel_sizes("ref")["tp"] == 2
+    with pytest.raises(ConfigError, match=r"ref\.sequence_parallel=true needs ref\.tp > 1 \(got tp=1\)"):
+        resolve(None, ["actor.tp=2", "ref.tp=1", "ref.sequence_parallel=true"])
+    with pytest.raises(ConfigError, match=r"critic\.pp=0 must be >= 1"):
+        resolve(None, ["critic.pp=0"])

@@ -89,3 +89,12 @@ def test_registry_and_transformer_config(tiny_model_dirs):
     assert spec_for(qwen2).transformer_config_kwargs(qwen2)["add_qkv_bias"]
     with pytest.raises(AssertionError, match="sliding-window"):
         spec_for({"architectures": ["MistralForCausalLM"]}).check_supported({"sliding_window": 4096})
+
+
+def test_one_local_expert_pattern_for_full_names_and_layer_suffixes():
+    LOCAL_EXPERT = tp_sharding.LOCAL_EXPERT
+    full = LOCAL_EXPERT.search("decoder.layers.1.mlp.experts.local_experts.12.linear_fc1.weight")
+    assert full.group(1) == "12" and full.start(1) == len("decoder.layers.1.mlp.experts.local_experts.")
+    assert LOCAL_EXPERT.match("mlp.experts.local_experts.3.linear_fc2.weight").group(1) == "3"
+    assert LOCAL_EXPERT.search("decoder.layers.1.mlp.shared_experts.linear_fc1.weight") is None
+    assert LOCAL_EXPERT.search("decoder.layers.1.xmlp.experts.local_experts.0.linear_fc1.weight") is None

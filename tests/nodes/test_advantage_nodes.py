@@ -11,7 +11,7 @@ from distflow.algorithms.reward_shaping import apply_kl_penalty, outcome_token_r
 from distflow.config.schema import AlgorithmConfig
 from distflow.coordination.data import PackedBatch
 from distflow.nodes import advantage
-from distflow.nodes.context import from_padded, to_padded
+from distflow.batch import from_padded, to_padded
 
 PROMPT = 3
 RESPONSES = [4, 2, 5, 3]  # response tokens per sample

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distflow.coordination.data import PackedBatch
+from distflow.batch import PackedBatch
 from distflow.data.prompts import Prompt
 from distflow.nodes.context import NodeContext, StepState, Workers
 from distflow.nodes.validation import validate

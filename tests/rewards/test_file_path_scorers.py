@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from distflow.dotted_path import load_callable
+from distflow.config.dotted_path import load_callable
 from distflow.rewards import RewardPool, RewardSample
 
 SCORER = ("import os\n"

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from distflow.coordination.data import PackedBatch
+from distflow.batch import PackedBatch
 from distflow.rewards.overlong import response_lengths, shape_overlong
 
 

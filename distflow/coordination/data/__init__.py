@@ -12,9 +12,9 @@ Typical use on every rank of a DAG node's edge:
     batch = handle.wait()                                # this rank's samples, sorted by sample id
     micro = handle.plan.micro_batches(rank, max_tokens=16384)
 """
+from distflow.batch.packed import FieldSchema, PackedBatch
 from distflow.coordination.data.balance import (
     balanced_assignment, balanced_partition, imbalance, largest_differencing, micro_batches)
-from distflow.coordination.data.batch import FieldSchema, PackedBatch
 from distflow.coordination.data.gather import gather_sample_table
 from distflow.coordination.data.layouts import STANDARD_FIELD_STAGES, FieldPlacement, PlacedLayout
 from distflow.coordination.data.plan import (

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from distflow.coordination.data.batch import FieldSchema, PackedBatch
+from distflow.batch.packed import FieldSchema, PackedBatch
 from distflow.coordination.data.plan import SampleTable
 
 

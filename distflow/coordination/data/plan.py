@@ -14,8 +14,8 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from distflow.batch.packed import FieldSchema, PackedBatch
 from distflow.coordination.data import balance
-from distflow.coordination.data.batch import FieldSchema, PackedBatch
 from distflow.coordination.data.layouts import FieldPlacement, PlacedLayout
 
 class DataPlanError(ValueError):

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from distflow.coordination.data.batch import PackedBatch, copy_runs
+from distflow.batch.packed import PackedBatch, copy_runs
 from distflow.coordination.data.gather import SlotGather, gather_sample_table
 from distflow.coordination.data.layouts import FieldPlacement, PlacedLayout
 from distflow.coordination.data.plan import RedistributionPlan, is_identity, plan_redistribution

@@ -28,7 +28,6 @@ writes them into its staging buffer.
 import contextlib
 import logging
 import os
-import re
 import socket
 import tempfile
 import time
@@ -38,19 +37,19 @@ from functools import cached_property
 import torch
 import torch.distributed as dist
 
+from distflow.config.dtypes import torch_dtype
 from distflow.coordination.weights import checksum as wsum
 from distflow.coordination.weights import engine_side
 from distflow.coordination.weights.group_transport import GroupTransport
 from distflow.coordination.weights.plan import WeightSyncPlan, plan_weight_sync
 from distflow.coordination.weights.regions import narrow
+from distflow.models.tp_sharding import LOCAL_EXPERT as _LOCAL_EXPERT
 from distflow.workers.rollout import engine_health
 from distflow.workers.rollout.engine_health import EngineDiedError  # noqa: F401 - re-exported
 from distflow.workers.rollout.engine_state import state_of
 
 logger = logging.getLogger(__name__)
-_LOCAL_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class WeightSyncError(RuntimeError):
@@ -127,10 +126,10 @@ class WeightResharder:
         without the worker, for_rollout_rank)."""
         plan = plan_weight_sync(worker.spec, worker.checkpoint.config, worker.layout, placement,
                                 bucket_bytes=int(sync_cfg.bucket_mb * 2**20),
-                                element_size=DTYPES[engine_dtype].itemsize, mode=mode,
+                                element_size=torch_dtype(engine_dtype).itemsize, mode=mode,
                                 padded_vocab=worker.chunks[0].vocab_size, engine_device=worker.device.type)
         return cls(plan, megatron_tensors(worker.chunks, worker.config), engine=engine,
-                   engine_dtype=DTYPES[engine_dtype], verify=sync_cfg.verify, transport=sync_cfg.transport, **kwargs)
+                   engine_dtype=torch_dtype(engine_dtype), verify=sync_cfg.verify, transport=sync_cfg.transport, **kwargs)
 
     @classmethod
     def for_rollout_rank(cls, model_path: str, layout, placement, sync_cfg, *, engine=None,
@@ -145,8 +144,8 @@ class WeightResharder:
         config = HFCheckpoint(model_path).config
         plan = plan_weight_sync(spec_for(config), config, layout, placement,
                                 bucket_bytes=int(sync_cfg.bucket_mb * 2**20),
-                                element_size=DTYPES[engine_dtype].itemsize, mode=mode, engine_device=engine_device)
-        return cls(plan, {}, engine=engine, engine_dtype=DTYPES[engine_dtype], verify=sync_cfg.verify,
+                                element_size=torch_dtype(engine_dtype).itemsize, mode=mode, engine_device=engine_device)
+        return cls(plan, {}, engine=engine, engine_dtype=torch_dtype(engine_dtype), verify=sync_cfg.verify,
                    transport=sync_cfg.transport, **kwargs)
 
     # ---- the sync ---------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ e // (E / ep), split over the expert-TP group (ETP) like a dense MLP over TP; Me
 index there, these global names by e (`mlp.experts.local_experts.<e>`, as in an EP=1 model). Within a
 stage, expert ranks are ordered etp fastest, then ep, then expert-DP (Megatron's expert rank generator).
 """
-import re
 from dataclasses import dataclass
 
 from distflow.coordination.weights.regions import Region
@@ -23,7 +22,7 @@ from distflow.models import tp_sharding, weight_mapping
 from distflow.models.moe import num_experts
 from distflow.models.spec import as_config_dict
 
-_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
+_EXPERT = tp_sharding.LOCAL_EXPERT
 
 
 @dataclass(frozen=True)

@@ -177,14 +177,14 @@ def sync_mode(spec, requested: str = "auto", hf_config=None, engine_tp: int = 1,
     """"auto" picks SHARDS for families with an SGLang shard layout, else the HF fallback; also the fallback
     where SGLang's CPU engine pads the model (sglang_layout.cpu_engine_pads)."""
     if requested == "auto":
-        if spec.family not in sglang_layout.SHARD_FAMILIES:
+        if not spec.sglang_shards:
             return HF
         if engine_device == "cpu" and hf_config is not None and sglang_layout.cpu_engine_pads(hf_config, engine_tp):
             return HF
         return SHARDS
     if requested not in (SHARDS, HF):
         raise ValueError(f"weight sync mode {requested!r}: one of 'auto', {SHARDS!r}, {HF!r}")
-    if requested == SHARDS and spec.family not in sglang_layout.SHARD_FAMILIES:
+    if requested == SHARDS and not spec.sglang_shards:
         raise ValueError(f"{spec.family}: no SGLang shard layout (families with one: "
                          f"{sglang_layout.SHARD_FAMILIES}); use mode 'hf'")
     return requested

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from distflow.coordination.weights.regions import Region, full_region, volume
 from distflow.models import weight_mapping
 from distflow.models.moe import num_experts
+from distflow.models.registry import SPECS
 from distflow.models.spec import as_config_dict
 
-SHARD_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe", "qwen3_moe")
-"""Families with an SGLang shard layout: the dense Llama layout above, the MoE ones with their MLP replaced
-by sglang_moe_layout's fused experts."""
+SHARD_FAMILIES = tuple(spec.family for spec in SPECS.values() if spec.sglang_shards)
+"""Families whose spec says SGLang takes its shards (DenseFamilySpec.sglang_shards): the dense Llama layout
+above, the MoE ones with their MLP replaced by sglang_moe_layout's fused experts."""
 SGLANG_PADDED_WIDTHS = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")
 """Config keys SGLang's CPU engine pads (sglang.srt.configs.update_config: every one the config has)."""
 SGLANG_VOCAB_PADDING = 64  # sglang.srt.layers.vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE
@@ -111,7 +112,7 @@ def sglang_shard_targets(spec, hf_config, engine_tp: int, rank: int) -> list[Tar
     """Every parameter of engine TP rank `rank` of `engine_tp`, in model order, for a SHARD_FAMILIES model."""
     from distflow.coordination.weights import sglang_moe_layout  # here: it builds on this module's helpers
 
-    assert spec.family in SHARD_FAMILIES, (
+    assert spec.sglang_shards, (
         f"{spec.family}: no SGLang shard layout; use the HF-named fallback (hf_full_targets)")
     d = Dims.of(hf_config)
     if d.heads % engine_tp or (d.kv_heads % engine_tp and engine_tp % d.kv_heads):

@@ -12,8 +12,6 @@ import torch
 
 from distflow.config.schema import MegatronRoleConfig, OptimizerConfig
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 @dataclass
 class GPTBuildSpec:

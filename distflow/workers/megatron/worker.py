@@ -20,7 +20,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from distflow.training_world import in_training_world
+from distflow.config.dtypes import torch_dtype
+from distflow.distributed.training_world import in_training_world
 from distflow.workers.megatron import batching, builder, hf_io, steps
 from distflow.workers.megatron.offload import ParameterOffloader
 from distflow.workers.megatron.value_head import install_value_head
@@ -64,7 +65,7 @@ class MegatronWorker:
         self.spec = spec_for(self.checkpoint.config)
         self.vocab_size = self.checkpoint.config["vocab_size"]
         self.config = builder.transformer_config(self.spec, self.checkpoint.config, role_cfg,
-                                                 builder.DTYPES[model_cfg.dtype], device)
+                                                 torch_dtype(model_cfg.dtype, "model.dtype"), device)
         build = builder.GPTBuildSpec(**self.spec.gpt_model_fields(self.checkpoint.config, layout.tp))
         self.chunks = builder.build_model_chunks(self.config, build, untie_output=role in HEADED_ROLES)
         if role in HEADED_ROLES and self.chunks[-1].post_process:

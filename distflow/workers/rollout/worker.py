@@ -4,8 +4,8 @@ Colocated placement: an engine spans engine_tp consecutive ranks and its first r
 sglang.Engine object; only owners generate. Samples leave as a PackedBatch (token runs, no padding) with
 globally unique sample ids and prompt-group ids, so the data coordinator can move them by plan; each
 sample's SampleInfo (in the batch's `infos`) records what scoring needs and the weight version that generated it.
-Engines start with the weight resharder's engine-side loaders (coordination.weights.engine_side), so the
-weight sync can push shards into them; weight_version is the version of the last completed sync, on every rank.
+Engines start with the weight sync's engine-side loaders (passed in as weight_loaders), so the weight sync
+can push shards into them; weight_version is the version of the last completed sync, on every rank.
 Several engines balance the training rollout (generate(balance=True)): each owner's prompts are split into
 chunks that any owner may claim through the job's c10d store (rollout.balance=steal; work_stealing.py,
 chunked_generation.py); stolen chunks' samples come back to their home owner and are sampled with the home
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from distflow.coordination.data import PackedBatch
+from distflow.batch import PackedBatch
 
 ID_STRIDE = 1_000_000  # sample id = engine * ID_STRIDE + local index: unique over the job without talking
 
@@ -43,7 +43,9 @@ def placement_device(cfg) -> str:
 
 
 class RolloutWorker:
-    def __init__(self, cfg, placement, rank: int, model_path: str):
+    def __init__(self, cfg, placement, rank: int, model_path: str, weight_loaders: tuple[str, ...] = ()):
+        """weight_loaders: the engine-side weight loaders (SGLang custom_weight_loader names) that the run's
+        weight sync loads through (nodes/sync.WeightSync.engine_loaders); added to rollout.sglang's."""
         self.cfg, self.rank = cfg, rank
         self.engine_index = placement.engine_of(rank)
         self.owner = placement.owns_engine(rank)
@@ -63,7 +65,7 @@ class RolloutWorker:
         if node_rank is not None:
             from distflow.workers.rollout import multi_node_engine, sglang_engine
 
-            args = engine_args(cfg.rollout.sglang)
+            args = engine_args(cfg.rollout.sglang, weight_loaders)
             if placement.engine_nnodes > 1:
                 args.update(multi_node_engine.node_args(placement, self.engine_index, node_rank,
                                                         timeout_s=cfg.trainer.dist_timeout_s))
@@ -203,12 +205,9 @@ def engine_log_path(cfg, engine_index: int, node_rank: int = 0) -> Path:
     return Path(cfg.trainer.output_dir) / "engine_logs" / f"engine{engine_index}{suffix}.log"
 
 
-def engine_args(user_args: dict) -> dict:
-    """The user's rollout.sglang ServerArgs plus the weight resharder's engine-side loaders."""
-    from distflow.coordination.weights import engine_side
-
+def engine_args(user_args: dict, weight_loaders=()) -> dict:
+    """The user's rollout.sglang ServerArgs plus the weight sync's engine-side loaders."""
     args = dict(user_args)
     loaders = list(args.get("custom_weight_loader") or [])
-    args["custom_weight_loader"] = loaders + [n for n in engine_side.engine_args()["custom_weight_loader"]
-                                              if n not in loaders]
+    args["custom_weight_loader"] = loaders + [n for n in weight_loaders if n not in loaders]
     return args

@@ -13,7 +13,7 @@ from distflow import distributed  # noqa: E402
 from distflow.coordination.data import PackedBatch  # noqa: E402
 from distflow.layout import ParallelLayout, Placement  # noqa: E402
 from distflow.nodes import advantage  # noqa: E402
-from distflow.nodes.context import from_padded, to_padded  # noqa: E402
+from distflow.batch import from_padded, to_padded  # noqa: E402
 from distflow.tracking.reduce import reduce_metrics  # noqa: E402
 
 REWARDS = [1.0, 0.0, 0.5, 0.25]

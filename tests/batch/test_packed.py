@@ -1,15 +1,10 @@
-"""PackedBatch (ragged and fixed fields), the run copier behind packing and unpacking, and the metadata
-encoding that the all-gather carries."""
+"""PackedBatch (ragged and fixed fields) and the run copier behind packing and unpacking."""
 import numpy as np
 import pytest
 import torch
 
-from data_cases import synthetic_batches
-from distflow.coordination.data import FieldSchema, PackedBatch, PlacedLayout
-from distflow.coordination.data.batch import copy_runs, row_index
-from distflow.coordination.data.gather import decode_metadata, encode_metadata, table_from_payloads
-from distflow.coordination.data.plan import SampleTable
-from distflow.layout import ParallelLayout, Placement
+from distflow.batch import FieldSchema, PackedBatch
+from distflow.batch.packed import copy_runs, row_index
 
 
 def _batch():
@@ -47,22 +42,6 @@ def test_row_index_and_both_copy_paths():
         assert torch.equal(dst, expected)
 
 
-def test_metadata_round_trip():
-    producer = PlacedLayout.rollout(Placement.create("colocated", 4, 1))
-    batches = synthetic_batches(producer, 10, 3, seed=2)
-    payloads = {r: encode_metadata(b) for r, b in batches.items()}
-    payloads[7] = encode_metadata(None)
-    schema, ragged, matrix = decode_metadata(payloads[0])
-    assert schema == batches[0].schema() and ragged == sorted(batches[0].row_counts)
-    table = table_from_payloads(payloads)
-    direct = SampleTable.from_batches(batches)
-    for name in ("sample_ids", "groups", "lengths", "holders"):
-        assert np.array_equal(getattr(table, name), getattr(direct, name))
-    assert table.rows.keys() == direct.rows.keys()
-    assert all(np.array_equal(table.rows[n], direct.rows[n]) for n in table.rows)
-    assert table.schemas == direct.schemas
-
-
 def test_bad_batches_are_refused():
     with pytest.raises(ValueError, match=r"fixed field 'rewards' has shape \(2,\); it needs \[3, \.\.\.\]"):
         PackedBatch([1, 2, 3], [0, 0, 0], [1, 1, 1], {"rewards": torch.zeros(2)})
@@ -83,12 +62,3 @@ def test_infos_travel_with_their_samples():
     assert bare.infos is None and PackedBatch.concat([batch, bare]).infos is None
     with pytest.raises(ValueError, match=r"infos lack sample ids \[9\]"):
         PackedBatch.from_samples([7, 9], [1, 2], {"input_ids": tokens[:2]}, infos={7: "a"})
-
-
-def test_placed_layouts():
-    placement = Placement.create("disaggregated", 8, 2, num_rollout_ranks=4)
-    rollout = PlacedLayout.rollout(placement)
-    assert rollout.holders == (4, 6) and rollout.dp_of(5) == 0 and rollout.dp_of(1) is None
-    train = PlacedLayout.training(ParallelLayout.for_world(4, tp=2, pp=2), placement)
-    assert train.holders == (2,) and train.dp_ranks(0) == (0, 1, 2, 3) and train.stage_of(3) == 1
-    assert train.describe() == "tp=2 pp=2 dp=1 cp=1 on ranks 0..3"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from distflow.distributed import training_world
 from distflow.layout import LayoutError, ParallelLayout, Placement
 
 
@@ -59,8 +60,6 @@ def initialize_megatron_groups(layout: ParallelLayout, placement: Placement, tim
     rollout-only ranks of a disaggregated placement take part in creating the groups' group, not Megatron's).
     Returns whether this rank trains."""
     from megatron.core import parallel_state
-
-    from distflow import training_world
 
     if len(placement.train_ranks) != layout.world_size:
         raise LayoutError(f"the layout covers {layout.world_size} ranks but the placement trains on "
