@@ -87,13 +87,22 @@ def prepare(argv=None) -> RunContext:
                       local_rank=env.local_rank, device=device, trains=trains)
 
 
-def main(argv=None) -> int:
-    from distflow.pipelines import resolve_pipeline
+def program(pipeline: str):
+    """The `run(ctx)` a job executes on every rank: the smoke check of the pieces for dag.pipeline=smoke, else
+    the RL trainer over the DAG (built-in or user pipeline). Imported here, after the pre-flight: both import
+    Megatron-Core."""
+    if pipeline == "smoke":
+        from distflow.smoke_run import run
+    else:
+        from distflow.trainer import run
+    return run
 
+
+def main(argv=None) -> int:
     start = time.perf_counter()
     try:
         ctx = prepare(argv)
-        pipeline = resolve_pipeline(ctx.cfg.dag.pipeline)
+        pipeline = program(ctx.cfg.dag.pipeline)
     except EARLY_ERRORS as err:
         report_early_error(err)
         return 2
