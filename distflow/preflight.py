@@ -34,9 +34,9 @@ def preflight(cfg: DistFlowConfig, cluster=None) -> PreflightReport:
     known (distflow.train), so the pipeline's roles are checked against the ranks that host them."""
     start = time.perf_counter()
     report = PreflightReport()
-    check_pipeline(cfg, cluster)
     check_model_paths(cfg)
     check_reward(cfg)
+    check_pipeline(cfg, cluster)  # after the instant checks: the built-in pipelines import the nodes (torch)
     if cfg.dag.pipeline != "smoke":  # the smoke run makes its own copy-task data
         report.prompts = check_data(cfg)
     check_resume(cfg)  # last: the checkpointing package imports torch (seconds)
@@ -45,31 +45,24 @@ def preflight(cfg: DistFlowConfig, cluster=None) -> PreflightReport:
 
 
 def check_pipeline(cfg: DistFlowConfig, cluster=None) -> None:
-    """dag.pipeline exists and builds for this config; algorithm.* fits it (the checks of pipelines.py and
-    of the built-in DAGs, run here before any worker starts)."""
-    from distflow.pipelines import RUNNABLE, check_algorithm
+    """dag.pipeline exists and builds for this config: a built-in pipeline's own check (distflow.dag.builtin,
+    run by load_pipeline) and the graph against the job's roles, here before any worker starts; the checks of
+    algorithm.* that hold for any pipeline ran in config validation."""
+    from distflow.dag.loading import RUNNABLE, SMOKE
 
-    name, a = cfg.dag.pipeline, cfg.algorithm
+    name = cfg.dag.pipeline
     if name not in RUNNABLE and ":" not in name:
         close = difflib.get_close_matches(name, RUNNABLE, n=1)
         raise ConfigError(f"dag.pipeline={name!r} is not a built-in pipeline" +
                           (f" (did you mean {close[0]}?)" if close else "") +
                           f"; choose one of {list(RUNNABLE)} or a user pipeline 'module:function' / "
                           "'path/to/file.py:function'")
-    check_algorithm(cfg)
-    if name in RUNNABLE and name != "dapo":  # user pipelines may use the DAPO filter node themselves
-        if a.dynamic_sampling:
-            raise ConfigError(f"algorithm.dynamic_sampling=true needs dag.pipeline=dapo (got {name}): only the DAPO "
-                              "pipeline has the dynamic-sampling node")
-        if a.overlong_buffer_len:
-            raise ConfigError(f"algorithm.overlong_buffer_len={a.overlong_buffer_len} (overlong reward shaping) "
-                              f"needs dag.pipeline=dapo (got {name}); set it to 0 or use dapo")
-    if name == "smoke":
+    if name == SMOKE:
         return
     from distflow.dag.graph import PipelineError
     from distflow.dag.loading import load_pipeline
 
-    pipeline = load_pipeline(cfg)  # ConfigError for what a DAG cannot run (reward.model_path with dapo, ...)
+    pipeline = load_pipeline(cfg)  # ConfigError for what a built-in DAG cannot run (reward.model_path with dapo, ...)
     if any(node.role == "critic" for node in pipeline.nodes) and not cfg.critic.enable:
         raise ConfigError(f"dag.pipeline={name} has critic nodes but there is no critic: set critic.enable=true")
     roles = None

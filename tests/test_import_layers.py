@@ -33,14 +33,12 @@ PACKAGE_LAYER = {
     "algorithms": "algorithms",
     "data": "workers", "rewards": "workers", "workers": "workers",
     "coordination": "coordination",
-    "dag": "dag", "nodes": "dag", "pipelines": "dag",  # pipelines.py folds into dag/ (issue #13 item 2)
+    "dag": "dag", "nodes": "dag",
     "plan": "entry", "preflight": "entry", "run_context": "entry", "smoke_run": "entry", "testing": "entry",
     "train": "entry", "trainer": "entry", "trainer_setup": "entry",
 }
 # (importing module, imported module) -> who removes it. Empty it; never add to it.
 KNOWN = {
-    ("distflow.pipelines", "distflow.smoke_run"): "helper B: pipelines fold into dag/, the runner choice into entry",
-    ("distflow.pipelines", "distflow.trainer"): "helper B: pipelines fold into dag/, the runner choice into entry",
 }
 
 

@@ -7,13 +7,13 @@ Spread conventions: group std and batch whitening both use the unbiased (n - 1) 
 A group whose rewards are all equal gets advantage exactly 0 from every group estimator: its statistics are
 computed in float64 and such groups are zeroed by an exact max == min test, because in float32 the mean of
 [0.7] * 8 is one ulp off 0.7 and the std division turned that ulp into |advantage| ~0.06 of one sign.
-Entry for the `advantage` DAG node: `compute_advantages`, which dispatches on `algorithm.adv_estimator`.
+Which estimator runs is a record of distflow.config.algorithm, its function in distflow.algorithms.estimators
+(`compute_advantages` there dispatches on `algorithm.adv_estimator`); the DAG's advantage nodes are
+distflow.nodes.advantage.
 """
-from typing import Optional
-
 import torch
 
-from distflow.algorithms.aggregation import masked_sum, masked_whiten
+from distflow.algorithms.aggregation import masked_whiten
 from distflow.algorithms.groups import GroupIds, filter_groups_with_variance, group_statistics
 
 
@@ -109,15 +109,17 @@ def reinforce_pp_advantages(token_rewards: torch.Tensor, response_mask: torch.Te
 
 
 @torch.no_grad()
-def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_ids: GroupIds,
-                                     response_mask: torch.Tensor) -> torch.Tensor:
+def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_ids: GroupIds, response_mask: torch.Tensor,
+                                     whiten: bool = True) -> torch.Tensor:
     """REINFORCE++ with baseline: r - group mean on every response token, then whitened over the batch.
 
     A group of one, or of equal rewards, has r - mean = 0 exactly before whitening (consistent with GRPO).
+    `whiten=False` returns r - group mean unwhitened, for a caller that whitens over a batch spread across
+    ranks (distflow.nodes.advantage).
     """
     rewards = _as_float(rewards)
-    centred = group_baseline(rewards, group_ids)[0].to(rewards.dtype)
-    return masked_whiten(_broadcast(centred, response_mask), response_mask)
+    centred = _broadcast(group_baseline(rewards, group_ids)[0].to(rewards.dtype), response_mask)
+    return masked_whiten(centred, response_mask) if whiten else centred
 
 
 @torch.no_grad()
@@ -136,34 +138,3 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_m
     advantages = _generalised_advantages(token_rewards, values, response_mask, gamma, lam)
     returns = torch.where(response_mask.bool(), advantages + values, 0)
     return (masked_whiten(advantages, response_mask) if whiten else advantages), returns
-
-
-def compute_advantages(config, token_rewards: torch.Tensor, response_mask: torch.Tensor,
-                       group_ids: Optional[GroupIds] = None,
-                       values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Advantages by `config.adv_estimator` (an `AlgorithmConfig` or anything with its fields).
-
-    `token_rewards` [batch, seq] already hold the outcome reward on the last token and, with kl_in_reward,
-    the KL penalty; outcome estimators (grpo, rloo, reinforce_pp_baseline) use their masked sum per
-    sequence. `group_ids` is needed by the group estimators, `values` by gae. Returns (advantages, returns);
-    returns is None for the estimators that have none (grpo, rloo, reinforce_pp_baseline).
-    """
-    estimator = config.adv_estimator
-    needs_groups = estimator in ("grpo", "rloo", "reinforce_pp_baseline")
-    if needs_groups and group_ids is None:
-        raise ValueError(f"adv_estimator={estimator} needs group_ids")
-    rewards = masked_sum(_as_float(token_rewards), response_mask, dim=-1)
-    if estimator == "grpo":
-        return grpo_advantages(rewards, group_ids, response_mask, config.norm_adv_by_std), None
-    if estimator == "rloo":
-        return rloo_advantages(rewards, group_ids, response_mask), None
-    if estimator == "reinforce_pp_baseline":
-        return reinforce_pp_baseline_advantages(rewards, group_ids, response_mask), None
-    if estimator == "reinforce_pp":
-        return reinforce_pp_advantages(token_rewards, response_mask, config.gamma)
-    if estimator == "gae":
-        if values is None:
-            raise ValueError("adv_estimator=gae needs the critic's values")
-        return gae_advantages(token_rewards, values, response_mask, config.gamma, config.lam)
-    raise ValueError(f"unknown adv_estimator {estimator!r}; valid: grpo, gae, rloo, reinforce_pp, "
-                     "reinforce_pp_baseline")

@@ -8,6 +8,7 @@ checked against those libraries (see passthrough.py).
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from distflow.config.algorithm import ESTIMATOR_NAMES
 from distflow.config.dtypes import DtypeName
 
 
@@ -164,7 +165,7 @@ class SyncConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: Literal["grpo", "gae", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = option(
+    adv_estimator: Literal[ESTIMATOR_NAMES] = option(
         "grpo", "Advantage estimator.")
     norm_adv_by_std: bool = option(True, "GRPO: divide by the group's std (false gives Dr. GRPO).")
     gamma: float = option(1.0, "Discount (GAE, REINFORCE++).")

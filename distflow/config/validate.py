@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import warnings
 
+from distflow.config.algorithm import ESTIMATORS, KL_IN_REWARD_ESTIMATORS
 from distflow.config.loader import ConfigError, unknown_key_message
 from distflow.config.ranges import check_ranges
 from distflow.config.schema import DistFlowConfig
@@ -62,8 +63,7 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
         raise ConfigError(f"sync.bucket_mb={cfg.sync.bucket_mb} must be at least 1 KiB (0.001 MiB)")
     _positive("data.train_batch_size", cfg.data.train_batch_size)
     check_ranges(cfg)
-    if cfg.algorithm.adv_estimator == "gae" and not cfg.critic.enable:
-        raise ConfigError("algorithm.adv_estimator=gae needs a critic: set critic.enable=true")
+    _check_estimator(cfg)
     for i, backend in enumerate(cfg.tracking.backends):
         if backend not in TRACKING_BACKENDS:
             raise ConfigError(f"tracking.backends[{i}]={backend!r} is not one of {list(TRACKING_BACKENDS)}")
@@ -76,6 +76,21 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
                                _MEGATRON_OPTIMIZER_OWNED, "")
         _validate_keys("rollout.sglang", r.sglang, sglang_fields, _SGLANG_OWNED, "")
     return cfg
+
+
+def _check_estimator(cfg: DistFlowConfig) -> None:
+    """algorithm.adv_estimator against the critic and the KL settings, whatever the pipeline (the built-in
+    pipelines' own estimator tables are checked with them: distflow.dag.builtin)."""
+    a = cfg.algorithm
+    estimator = ESTIMATORS[a.adv_estimator]
+    if estimator.needs_critic and not cfg.critic.enable:
+        raise ConfigError(f"algorithm.adv_estimator={estimator.name} needs a critic: set critic.enable=true")
+    if a.kl_in_reward and a.kl_coef > 0 and not estimator.kl_in_reward:
+        raise ConfigError(f"algorithm.kl_in_reward=true needs a token-level estimator {list(KL_IN_REWARD_ESTIMATORS)}; "
+                          f"with adv_estimator={a.adv_estimator!r} use the KL as a loss term (kl_in_reward=false)")
+    if a.kl_coef > 0 and not cfg.ref.enable:
+        raise ConfigError(f"algorithm.kl_coef={a.kl_coef} needs the reference model: set ref.enable=true, or "
+                          "algorithm.kl_coef=0 to train without a KL term")
 
 
 def _validate_role(role: str, rc, sizes: dict) -> None:

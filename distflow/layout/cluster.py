@@ -6,6 +6,7 @@ so a bad layout fails in a second with the numbers named, not after minutes of s
 from dataclasses import dataclass
 from typing import Optional
 
+from distflow.config.algorithm import uses_reference
 from distflow.config.schema import DistFlowConfig
 from distflow.layout.model_shape import ModelShape
 from distflow.layout.parallel import LayoutError, ParallelLayout
@@ -27,7 +28,7 @@ class ClusterLayout:
         placement = Placement.create(r.placement, world_size, r.engine_tp, r.num_ranks, r.engine_nnodes)
         n_train = len(placement.train_ranks)
         layouts = {}
-        for role, enabled in (("actor", True), ("ref", cfg.ref.enable and needs_reference(cfg)),
+        for role, enabled in (("actor", True), ("ref", uses_reference(cfg)),
                               ("critic", cfg.critic.enable)):
             layouts[role] = (ParallelLayout.for_world(n_train, **cfg.parallel_sizes(role), role=role) if enabled
                              else None)
@@ -51,11 +52,6 @@ class ClusterLayout:
             layout = getattr(self, role)
             lines.append(f"{role}: " + (layout.describe() if layout else "off"))
         return "\n".join(lines)
-
-
-def needs_reference(cfg: DistFlowConfig) -> bool:
-    """A reference model is only built when a KL term uses it."""
-    return cfg.algorithm.kl_coef > 0
 
 
 def _require_actor_layout(role: str, layout, actor, role_cfg, actor_cfg) -> None:

@@ -1,7 +1,8 @@
 """Advantage nodes: outcome advantages where the samples were scored, token-level ones where training runs.
 
-compute        grpo, rloo, reinforce_pp_baseline: one advantage per sample from its outcome reward, on the
-               rollout layout with each prompt's group whole on one rank (role "all", keep_groups).
+compute        the outcome estimators of distflow.config.algorithm.ESTIMATORS (grpo, rloo,
+               reinforce_pp_baseline): one advantage per sample from its outcome reward, on the rollout layout
+               with each prompt's group whole on one rank (role "all", keep_groups).
 token_level    reinforce_pp (no critic): advantages only.
 gae            gae (PPO): advantages and the critic's returns.
 The token-level nodes run on the actor's layout, where the old log-probs, the reference's log-probs (for
@@ -13,35 +14,38 @@ import torch.distributed as dist
 
 from distflow.algorithms import advantages as adv
 from distflow.algorithms.aggregation import masked_sum
+from distflow.algorithms.estimators import ESTIMATOR_FUNCTIONS, estimator_options
 from distflow.algorithms.reward_shaping import apply_kl_penalty, outcome_token_rewards
+from distflow.config.algorithm import ESTIMATORS
 from distflow.coordination.data import PackedBatch
 from distflow.batch import from_padded, to_padded
 
-OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
+OUTCOME_ESTIMATORS = tuple(name for name, e in ESTIMATORS.items() if e.kind == "outcome")
 
 
 def compute(ctx, inputs):
-    """Per-sample advantages (a fixed `advantages` field) for the outcome estimators. Collective for
-    reinforce_pp_baseline (its batch whitening), so every rank calls it, holding samples or not."""
+    """Per-sample advantages (a fixed `advantages` field) for the outcome estimators. Collective for the
+    estimators that whiten over the batch (reinforce_pp_baseline), so every rank calls it, holding samples or
+    not."""
     samples, rewards = inputs["samples"], inputs["rewards"]
     a = ctx.cfg.algorithm
     if a.adv_estimator not in OUTCOME_ESTIMATORS:
         raise ValueError(f"algorithm.adv_estimator={a.adv_estimator!r} is not an outcome estimator "
                          f"{OUTCOME_ESTIMATORS}; the pipeline should use a token-level advantage node")
+    estimator = ESTIMATORS[a.adv_estimator]
     if samples is None:
-        if a.adv_estimator == "reinforce_pp_baseline":
+        if estimator.whitens:
             _token_weighted_whiten(torch.zeros(0), torch.zeros(0), group=None)
         return {"advantages": None}
     assert torch.equal(samples.sample_ids, rewards.sample_ids), "rewards must come in the samples' order"
     r = rewards.fields["rewards"]
     ones = torch.ones(len(r), 1)  # one "token" per sample: outcome advantages are per sample
-    if a.adv_estimator == "grpo":
-        values = adv.grpo_advantages(r, samples.groups, ones, norm_adv_by_std=a.norm_adv_by_std)[:, 0]
-    elif a.adv_estimator == "rloo":
-        values = adv.rloo_advantages(r, samples.groups, ones)[:, 0]
-    else:  # reinforce_pp_baseline: r - group mean on every response token, whitened over all tokens
-        centred = adv.group_baseline(r, samples.groups)[0].float()  # exactly 0 for all-equal groups
+    fn, options = ESTIMATOR_FUNCTIONS[estimator.name], estimator_options(estimator, a)
+    if estimator.whitens:  # r - group mean (exactly 0 for all-equal groups), whitened over every rank's tokens
+        centred = fn(r, samples.groups, ones, whiten=False, **options)[:, 0].float()
         values = _token_weighted_whiten(centred, _response_lengths(samples), group=None)
+    else:
+        values = fn(r, samples.groups, ones, **options)[:, 0]
     _record_stats(ctx, "advantage", values.float())
     _record_stats(ctx, "reward/shaped", r.float())  # what is trained on (DAPO: after overlong shaping)
     ctx.record(**{"advantage/samples": len(r)})  # the weight of the two means over ranks

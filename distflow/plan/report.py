@@ -132,7 +132,7 @@ def build_plan(cfg: DistFlowConfig, world_size: int, arch: ModelArch, gpu_memory
                bandwidth_gbps: float = 400.0, gpus_per_node: int = 8, arch_source: str = "",
                attention: str = ATTENTION_TODAY) -> Plan:
     """Validates the layouts against the world size and the model (LayoutError), then estimates."""
-    from distflow.pipelines import RUNNABLE as RUNNABLE_PIPELINES
+    from distflow.dag.loading import RUNNABLE as RUNNABLE_PIPELINES
 
     cluster = ClusterLayout.from_config(cfg, world_size, arch.shape())
     p = cluster.placement
