@@ -348,7 +348,6 @@ class WeightResharder:
         return result
 
 
-
 def _check_engine_args(engine) -> None:
     loaders = list(getattr(getattr(engine, "server_args", None), "custom_weight_loader", None) or [])
     missing = [n for n in engine_side.engine_args()["custom_weight_loader"] if n not in loaders]
