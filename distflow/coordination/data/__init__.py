@@ -2,7 +2,8 @@
 
 No driver: every rank all-gathers the small per-sample metadata (gather), computes the same plan
 (plan_redistribution: who sends which sample to whom, balanced by tokens, local where possible), and
-exchanges per-field buffers only with its peers (transport). The plan is pure and tested without processes.
+exchanges per-field buffers only with its peers (transport), on the DataCoordinator's background thread
+(coordinator). The plan is pure and tested without processes.
 
 Typical use on every rank of a DAG node's edge:
     coordinator = DataCoordinator()                       # collective, once
@@ -19,7 +20,7 @@ from distflow.coordination.data.gather import gather_sample_table
 from distflow.coordination.data.layouts import STANDARD_FIELD_STAGES, FieldPlacement, PlacedLayout
 from distflow.coordination.data.plan import (
     DataPlanError, RedistributionPlan, SampleTable, Transfer, is_identity, plan_redistribution)
-from distflow.coordination.data.transport import (
+from distflow.coordination.data.coordinator import (
     DataCoordinator, DataEdge, DataTransferTimeout, TransferHandle, double_buffered)
 
 __all__ = [

@@ -1,7 +1,8 @@
 """The weight sync's transfer over a process group: for engine ranks a sender cannot write into directly.
 
 Within a node a training rank writes its slices straight into the staging buffer of the engine rank that
-needs them (shared memory on CPU, CUDA IPC on GPU; executor.py). An engine on another node than a sender
+needs them (shared memory on CPU, CUDA IPC on GPU; shared_memory_transport, whose interface this module
+shares: stage, delivers, deliver). An engine on another node than a sender
 (disaggregated placement across nodes) cannot be reached that way: the sender packs, per receiving host,
 the pieces the plan gives it for that host into one flat buffer and sends it over a weight-update process
 group (gloo on CPU, NCCL on GPU) made for the sync; the host unpacks it into its staging buffer. Both ends
@@ -22,16 +23,20 @@ MODES = ("auto", "shared_memory", "process_group")
 
 
 class GroupTransport:
-    """One per WeightResharder, on every rank of the job; set_hostnames is collective."""
+    """One per WeightResharder, on every rank of the job; set_hostnames is collective. Received pieces are
+    written into the buffers `staging` (staging.StagingBuffers) holds for the engine ranks this rank hosts."""
 
-    def __init__(self, plan, rank: int, mode: str, device: torch.device, timeout_s: float | None = None):
+    def __init__(self, plan, rank: int, mode: str, staging, verify: bool, timeout_s: float | None = None):
         if mode not in MODES:
             raise ValueError(f"sync.transport={mode!r}: one of {list(MODES)}")
-        self.plan, self.rank, self.mode, self.device, self.timeout_s = plan, rank, mode, device, timeout_s
+        self.plan, self.rank, self.mode, self.timeout_s = plan, rank, mode, timeout_s
+        self.staging, self.verify = staging, verify
+        self.device, self.dtype = staging.device, staging.dtype
         self.group = None  # made by set_hostnames, only if some piece travels over it
         self.hostnames: list[str] | None = None
         self.receives = _index_receives(plan, rank)
         self._group_buckets: set[int] = set()
+        self._outgoing: dict[int, list[torch.Tensor]] = {}  # host -> this bucket's pieces for it, in plan order
         self.sent_bytes = 0
 
     def set_hostnames(self, hostnames: list[str]) -> None:
@@ -53,16 +58,25 @@ class GroupTransport:
             return True
         return self.hostnames[sender] != self.hostnames[host]
 
-    def uses_group(self, b: int) -> bool:
+    def stage(self, b: int, items) -> dict:
+        """Packs this rank's pieces of bucket b for their hosts ([(engine, engine rank, target, staging offset,
+        piece, source view)], in plan order); they travel at deliver(b). Writes nothing yet: no shares."""
+        self._outgoing = {}
+        for e, r, _, _, _, src in items:
+            self._outgoing.setdefault(self.plan.engines[e][r].host, []).append(src)
+        return {}
+
+    def delivers(self, b: int) -> bool:
         """Whether bucket b moves anything over the group (the same answer on every rank)."""
         return b in self._group_buckets
 
-    def transfer(self, b: int, outgoing: dict[int, list[torch.Tensor]], staging: dict, dtype: torch.dtype,
-                 verify: bool) -> dict:
-        """Sends `outgoing` (host -> this rank's pieces for it, in plan order), receives what other ranks send
-        to the engine ranks this rank hosts and writes it into `staging` (slot b % 2). Returns the checksum
-        shares of what it wrote (for sync.verify), keyed like the executor's."""
-        works = []
+    def deliver(self, b: int) -> dict:
+        """Sends the pieces stage(b) packed, receives what other ranks send to the engine ranks this rank hosts
+        and writes it into their staging buffers (slot b % 2). Returns the checksum shares of what it wrote (for
+        sync.verify), keyed like shared_memory_transport's. Collective over the group: every rank calls it
+        for each bucket where delivers(b)."""
+        outgoing, self._outgoing = self._outgoing, {}
+        dtype, works = self.dtype, []
         for host, parts in sorted(outgoing.items()):
             buffer = torch.cat([p.reshape(-1).to(dtype) for p in parts])
             works.append(dist.isend(buffer, host, group=self.group))
@@ -79,11 +93,10 @@ class GroupTransport:
             for sender, buffer in incoming.items():
                 at = 0
                 for e, r, target, offset, piece in self.receives[b][sender]:
-                    view = staging[(e, r, b % 2)][offset:offset + target.numel].view(target.shape)
-                    dst = narrow(view, piece.dst)
+                    dst = narrow(self.staging.target_view(b, e, r, offset, target), piece.dst)
                     dst.copy_(buffer[at:at + piece.numel].view(dst.shape))
                     at += piece.numel
-                    if verify:
+                    if self.verify:
                         key = (e, r, target.param_name)
                         share = wsum.region_checksum(dst, target.param_shape, target.in_param(piece.dst))
                         shares[key] = (shares.get(key, 0) + share) % wsum.MODULUS
@@ -99,7 +112,7 @@ def _bucket_targets(plan, b: int):
 
 def _index_receives(plan, rank: int) -> dict:
     """bucket -> sender -> [(engine, engine rank, target, staging offset, piece)] that `rank` hosts, in the
-    order the sender packs them (the executor's write order)."""
+    order the sender packs them (the resharder's write order)."""
     out: dict = {}
     for b in range(len(plan.buckets)):
         for e, ranks in enumerate(plan.engines):

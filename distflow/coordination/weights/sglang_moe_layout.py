@@ -11,7 +11,7 @@ MoE block name (Mixtral: `block_sparse_moe`, else `mlp`); f = expert FFN width /
 - Qwen2-MoE's shared expert: `mlp.shared_expert.gate_up_proj/down_proj` split like a dense MLP, and
   `mlp.shared_expert_gate.weight` [1, hidden] replicated.
 Names and shapes were read from running CPU engines (engine_side.probe) of tiny models of each family at
-engine TP 1 and 2; the executor compares them with the engine's again at the first sync. Expert segments
+engine TP 1 and 2; the resharder compares them with the engine's again at the first sync. Expert segments
 write one expert's slice of the stacked tensor: their destination region has one more leading dimension
 (the expert, length 1) than their HF source region (plan.py lines the two up).
 Not covered: SGLang's expert parallelism (--ep-size > 1: each engine rank would hold a subset of the experts)

@@ -4,13 +4,13 @@ A thin layer over SGLang's offline Engine API that adds what a training process 
 - start-up that cannot take the caller down: SGLang answers a dead child process with SIGQUIT to its
   parent, whose default handler kills the whole process tree (the caller included; rc 137 under a test
   runner). We install our own handler, so a failed start raises `EngineStartError` naming the model and
-  the cause, with the tail of the engine's log, within `startup_timeout_s`;
+  the cause, with the tail of the engine's log, within `startup_timeout_s` (engine_process);
 - a log file per engine (`log_path`): the engine's processes write their stdout/stderr there, and every
   error about the engine ends with the log's last lines;
 - calls that cannot hang on a dead engine: engine_health polls the engine's processes, and a call waiting
   on a dead one raises EngineDiedError (with the log's tail) within a second; so do later calls;
 - an environment that is the caller's again once the engine is up (the CPU overlay from
-  `distflow.cpu_support`, and the NCCL/CUDA variables SGLang sets while it starts);
+  `distflow.cpu_support`, and the NCCL/CUDA variables SGLang sets while it starts; engine_process);
 - weight updates that fail loudly instead of returning `(False, message)`;
 - a shutdown that stops only this engine's processes (`Engine.shutdown` kills every child process of the
   caller, other engines included).
@@ -24,16 +24,11 @@ import dataclasses
 import difflib
 import logging
 import os
-import signal
-import sys
-import tempfile
-import threading
 import time
-import types
 from pathlib import Path
 
-from distflow.cpu_support import apply_environ, cuda_available, sglang_cpu_launch
-from distflow.workers.rollout import engine_health
+from distflow.cpu_support import cuda_available, sglang_cpu_launch
+from distflow.workers.rollout import engine_health, engine_process
 from distflow.workers.rollout.engine_health import with_log_tail
 from distflow.workers.rollout.engine_state import state_of
 
@@ -87,15 +82,15 @@ def start_engine(model_path, tp: int = 1, dtype: str = "float32", seed: int = 0,
     device = device or ("cuda" if cuda_available() else "cpu")
     model_path = str(model_path)
     args = dict(model_path=model_path, tp_size=tp, dtype=dtype, random_seed=seed, device=device,
-                skip_server_warmup=True, custom_sigquit_handler=_on_engine_sigquit)
+                skip_server_warmup=True, custom_sigquit_handler=engine_process.on_engine_sigquit)
     if device == "cpu":
         args.update(_CPU_DEFAULTS)
     for name, value in (("mem_fraction_static", mem_fraction_static), ("max_total_tokens", max_total_tokens)):
         if value is not None:
             args[name] = value
 
-    launch = sglang_cpu_launch(tp) if device == "cpu" else _restored_environ()
-    with launch, _restored_root_logger():
+    launch = sglang_cpu_launch(tp) if device == "cpu" else engine_process.restored_environ()
+    with launch, engine_process.restored_root_logger():
         args.update(_check_extra_args(extra_args or {}))
         follower = int(args.get("node_rank") or 0) >= 1
         if follower:  # a later node of a multi-node engine: its schedulers only; the constructor must return
@@ -103,11 +98,11 @@ def start_engine(model_path, tp: int = 1, dtype: str = "float32", seed: int = 0,
         _check_model_path(model_path)
         import sglang
 
-        log_path = _new_log_file(log_path)
+        log_path = engine_process.new_log_file(log_path)
         tic = time.perf_counter()
-        with _StartupGuard(model_path, startup_timeout_s) as guard:
+        with engine_process.StartupGuard(model_path, startup_timeout_s) as guard:
             try:
-                with _output_to(log_path):
+                with engine_process.output_to(log_path):
                     engine = sglang.Engine(**args)
             except Exception as exc:
                 guard.clean_up_failed_start(exc)
@@ -116,62 +111,11 @@ def start_engine(model_path, tp: int = 1, dtype: str = "float32", seed: int = 0,
             shutdown_engine(engine)
             raise EngineStartError(with_log_tail(guard.describe_failure(TimeoutError()), log_path))
     if not follower:  # followers run no tokenizer manager: rank 0 of the engine serves every request
-        _take_sigquit(engine)
+        engine_process.take_sigquit(engine)
     engine_health.watch(engine, log_path)
     logger.info("SGLang engine for %s (tp=%d, %s) ready in %.1f s; its log: %s", model_path, tp, device,
                 time.perf_counter() - tic, log_path)
     return engine
-
-
-def _new_log_file(log_path) -> Path:
-    if log_path is None:
-        fd, name = tempfile.mkstemp(prefix="distflow-sglang-", suffix=".log")
-        os.close(fd)
-        return Path(name)
-    log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    return log_path
-
-
-@contextlib.contextmanager
-def _output_to(log_path: Path):
-    """Points this process's stdout and stderr (file descriptors 1 and 2) at `log_path` while the engine
-    spawns its processes, which inherit them: their output lands in the log, the caller's stays its own."""
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    saved = [os.dup(1), os.dup(2)]
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        yield
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, log_fd):
-            os.close(fd)
-
-
-def _take_sigquit(engine) -> None:
-    """SGLang installs, on the engine's event loop at its first request, a SIGQUIT handler that kills the
-    caller's process tree; install it now and replace it with one that only logs (engine_health's monitor
-    turns a death into an error). Signal handlers belong to the main thread; elsewhere SGLang installs
-    none on the loop and the process handler (_on_engine_sigquit) applies."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    manager = engine.tokenizer_manager
-
-    async def create_sglang_handle_loop():  # on the engine's loop: outside it SGLang would make a new one
-        manager.auto_create_handle_loop()
-
-    engine.loop.run_until_complete(create_sglang_handle_loop())
-    engine.loop.add_signal_handler(signal.SIGQUIT, _log_sigquit)
-
-
-def _log_sigquit():
-    logger.error("SIGQUIT from an SGLang engine process (a child failed); its engine's monitor reports it")
 
 
 def _check_extra_args(extra_args: dict) -> dict:
@@ -346,147 +290,14 @@ def shutdown_engine(engine, timeout_s: float = 30) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc = psutil.Process(pid)
             procs += [proc] + proc.children(recursive=True)
-    _kill(procs, timeout_s)
+    engine_process.kill(procs, timeout_s)
     # The engine's event loop is the calling thread's, shared with later engines: end its tasks here.
     tasks = list(getattr(engine.tokenizer_manager, "asyncio_tasks", ()))
     for task in tasks:
         task.cancel()
     if tasks:
         engine.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-    _close_zmq_contexts(engine, engine.tokenizer_manager)
-
-
-def _zmq_contexts_in_traceback(tb) -> list:
-    """The open ZeroMQ contexts that a traceback's frames hold in locals, directly or one attribute deep."""
-    import zmq
-
-    found = {}
-
-    def consider(value):
-        # type(), not isinstance: isinstance reads __class__, which lazy proxies may answer with side effects.
-        if issubclass(type(value), zmq.Socket):
-            value = value.context
-        if issubclass(type(value), zmq.Context) and not value.closed:
-            found[id(value)] = value
-
-    while tb is not None:
-        for value in tb.tb_frame.f_locals.values():
-            consider(value)
-            if not issubclass(type(value), (type, types.ModuleType)):
-                try:  # the instance's own attributes, without running any __getattr__
-                    attributes = object.__getattribute__(value, "__dict__")
-                except (AttributeError, TypeError):
-                    continue
-                for attribute in list(attributes.values()):
-                    consider(attribute)
-        tb = tb.tb_next
-    return list(found.values())
-
-
-def _close_zmq_contexts(*owners) -> None:
-    """Closes the ZeroMQ contexts behind the owners' sockets without waiting on unsent messages.
-
-    Otherwise garbage collection of the stopped engine destroys them with the sockets' default linger,
-    which blocks forever once the peers are gone (seen as a hang at pytest's exit).
-    """
-    import zmq
-
-    contexts = {id(v.context): v.context for owner in owners if owner is not None
-                for v in vars(owner).values() if isinstance(v, zmq.Socket)}
-    for context in contexts.values():
-        context.destroy(linger=0)
-
-
-# --- start-up protection -------------------------------------------------------------------------------
-
-_starts_in_progress = 0
-_start_lock = threading.Lock()
-
-
-def _on_engine_sigquit(signum, frame):
-    """SIGQUIT handler for the engine's owner (SGLang's children send SIGQUIT when they fail).
-
-    During a start the failure is reported by the start itself (SGLang notices the dead scheduler);
-    afterwards by the engine's monitor (engine_health), which fails the calls on a dead engine. So the
-    signal is only logged, and the caller (a trainer rank) lives on to report the error.
-    """
-    if _starts_in_progress:
-        logger.error("an SGLang engine process failed during start-up (its log's tail follows the error)")
-    else:
-        logger.error("SIGQUIT from an SGLang engine process (a child failed); its engine's monitor reports it")
-
-
-class _StartupGuard:
-    """Counts a start in progress and, past the deadline, kills the processes the start spawned.
-
-    Killing them makes SGLang's wait for its schedulers fail within seconds, so a hung start (for example a
-    scheduler blocked on a rendezvous) becomes an error. A hang in this process itself cannot be cut short.
-    """
-
-    def __init__(self, model_path: str, timeout_s: float):
-        import psutil
-
-        self.model_path, self.timeout_s = model_path, timeout_s
-        self.timed_out = False
-        self._me = psutil.Process()
-        self._children_before = {p.pid for p in self._me.children(recursive=True)}
-        self._done = threading.Event()
-
-    def __enter__(self):
-        global _starts_in_progress
-        with _start_lock:
-            _starts_in_progress += 1
-        threading.Thread(target=self._watch, name="engine-startup-deadline", daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        global _starts_in_progress
-        self._done.set()
-        with _start_lock:
-            _starts_in_progress -= 1
-
-    def _watch(self):
-        if not self._done.wait(self.timeout_s):
-            self.timed_out = True
-            logger.error("SGLang engine for %s not ready after %.0f s; killing its processes",
-                         self.model_path, self.timeout_s)
-            self.kill_new_children()
-
-    def kill_new_children(self):
-        """Kills the processes spawned since the start began, except multiprocessing's shared helpers."""
-        new = [p for p in self._me.children(recursive=True) if p.pid not in self._children_before]
-        _kill([p for p in new if not _is_multiprocessing_helper(p)], timeout_s=30)
-
-    def clean_up_failed_start(self, exc: Exception):
-        """Ends what a failed start leaves behind: its processes, and the ZeroMQ contexts its frames hold
-        (the half-built tokenizer manager's), whose destruction at garbage collection would otherwise wait
-        forever on the dead peers."""
-        self.kill_new_children()
-        for context in _zmq_contexts_in_traceback(exc.__traceback__):
-            context.destroy(linger=0)
-
-    def describe_failure(self, exc: Exception) -> str:
-        what = (f"did not become ready within {self.timeout_s:.0f} s (startup_timeout_s)" if self.timed_out
-                else f"failed: {type(exc).__name__}: {str(exc).rstrip('.')}")
-        return f"SGLang engine for model {self.model_path!r} {what}."
-
-
-def _is_multiprocessing_helper(proc) -> bool:
-    import psutil
-
-    try:
-        return any("resource_tracker" in part or "forkserver" in part for part in proc.cmdline())
-    except psutil.Error:
-        return False
-
-
-def _kill(procs, timeout_s: float) -> None:
-    import psutil
-
-    for proc in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    psutil.wait_procs(procs, timeout=timeout_s)
+    engine_process.close_zmq_contexts(engine, engine.tokenizer_manager)
 
 
 def _check_model_path(model_path: str) -> None:
@@ -496,29 +307,6 @@ def _check_model_path(model_path: str) -> None:
         raise EngineStartError(f"SGLang engine for model {model_path!r} cannot start: no such directory")
     if path.is_dir() and not (path / "config.json").is_file():
         raise EngineStartError(f"SGLang engine for model {model_path!r} cannot start: no config.json there")
-
-
-@contextlib.contextmanager
-def _restored_environ():
-    """SGLang sets NCCL_*, CUDA_DEVICE_MAX_CONNECTIONS, ... in os.environ while it starts; its processes
-    have inherited them by the end, and Megatron in this process must not see them."""
-    saved = dict(os.environ)
-    try:
-        yield
-    finally:
-        apply_environ(saved)
-
-
-@contextlib.contextmanager
-def _restored_root_logger():
-    """SGLang calls logging.basicConfig(force=True) in the calling process; give the caller its logging back."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        yield
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
 
 
 def _server_arg_names() -> list[str]:

@@ -17,7 +17,7 @@ from data_cases import FIELDS, expected_view, synthetic_batches  # noqa: E402
 
 from distflow.coordination.data import (  # noqa: E402
     DataCoordinator, DataTransferTimeout, DataEdge, FieldPlacement, PlacedLayout, double_buffered)
-from distflow.coordination.data import transport  # noqa: E402
+from distflow.coordination.data import coordinator as data_coordinator  # noqa: E402
 from distflow.layout import ParallelLayout, Placement  # noqa: E402
 
 TIMEOUT_S = 60
@@ -106,8 +106,8 @@ def timeout(rank, world):
     consumer = PlacedLayout.training(ParallelLayout.for_world(world, tp=world), placement)
     batches = synthetic_batches(producer, 8, 2, seed=3)
     if rank == 1:
-        post = transport.dist.batch_isend_irecv
-        transport.dist.batch_isend_irecv = lambda ops: post([op for op in ops if op.peer != 0]) if any(
+        post = data_coordinator.dist.batch_isend_irecv
+        data_coordinator.dist.batch_isend_irecv = lambda ops: post([op for op in ops if op.peer != 0]) if any(
             op.peer != 0 for op in ops) else []
     handle = coordinator.start(DataEdge("train_actor", producer, consumer, FIELDS), batches.get(rank))
     if rank == 0:

@@ -10,7 +10,7 @@ import torch
 
 from distflow.coordination.weights import plan as wplan
 from distflow.coordination.weights.regions import narrow
-from distflow.coordination.weights.executor import global_name
+from distflow.coordination.weights.megatron_names import global_name
 from distflow.coordination.weights.sglang_layout import Dims, hf_tensor_shape, sglang_padded_vocab
 from distflow.layout import ParallelLayout, Placement
 from distflow.models import conversion, tp_sharding, weight_mapping
