@@ -1,15 +1,14 @@
 """An RL checkpoint becomes a Hugging Face model, and a role starts from a Megatron dist checkpoint (<role>.load).
 
 Real MegatronWorkers at TP=2 (gloo, 2 CPU processes) train 2 steps and save step_2 through the Checkpointer,
-then export the actor as the trainer's final export does (RUN_DIR/hf). tools/convert_megatron_to_hf.py on
-step_2/actor, on step_2 and on checkpoints/latest writes the same bytes as that export; a checkpoint without
-its recorded HF source is refused naming --hf-config, and exports with it. A fresh actor with
-actor.load=step_2 holds the trained weights, a critic with critic.load=step_2/actor the actor's body and a
-fresh value head, and a model.path of another shape is refused naming the tensors.
+then export the actor as the trainer's final export does (RUN_DIR/hf). tools/convert_megatron_to_hf.py (its
+main, every run in one process) on step_2/actor, on step_2 and on checkpoints/latest writes the same bytes as
+that export; a checkpoint without its recorded HF source is refused naming --hf-config, and exports with it.
+A fresh actor with actor.load=step_2 holds the trained weights, a critic with critic.load=step_2/actor the
+actor's body and a fresh value head, and a model.path of another shape is refused naming the tensors.
 """
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,10 +19,11 @@ from distflow.checkpointing import CheckpointError
 from distflow.checkpointing.model_folder import resolve_model_folder
 from distflow.models.checkpoint_import import HF_ASSETS_DIR, SOURCE_FILE
 from distflow.models.tiny import make_tiny_model
-from distflow.testing.launch import REPO_ROOT, torchrun
+from distflow.testing.launch import run, torchrun
 
 JOB = Path(__file__).parent / "jobs" / "checkpoint_job.py"
-TO_HF = REPO_ROOT / "tools" / "convert_megatron_to_hf.py"
+# tools/convert_megatron_to_hf.py's main, once per argument list, in one process
+EXPORT_RUNS_JOB = Path(__file__).parents[1] / "models" / "jobs" / "export_tool_runs.py"
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +37,32 @@ def trained(tmp_path_factory):
     return model, other, run_dir
 
 
+EXPORTS = {"role": "step_2/actor", "step": "step_2", "latest": "latest", "root": "."}  # id: what --megatron names
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory) -> dict:
+    """The tool's runs, all in one process (its start-up is most of a run's cost): id -> (result, out dir) for
+    each of EXPORTS (with --verify), and "refused" / "with_hf_config" on a copy of step_2 whose actor lacks its
+    recorded HF source, as DistFlow wrote it before the source was recorded, without and with --hf-config."""
+    model, _, run_dir = trained
+    root = tmp_path_factory.mktemp("exports")
+    old = root / "checkpoints" / "step_2"
+    shutil.copytree(run_dir / "checkpoints" / "step_2", old)
+    (old / "actor" / SOURCE_FILE).unlink()
+    shutil.rmtree(old / "actor" / HF_ASSETS_DIR)
+    runs = {given: (run_dir / "checkpoints" / path, root / given, "--verify") for given, path in EXPORTS.items()}
+    runs["refused"] = (old, root / "refused")
+    runs["with_hf_config"] = (old, root / "with_hf_config", "--hf-config", model)
+    argv = [["--megatron", source, "--out", out, "--no-progress", *extra] for source, out, *extra in runs.values()]
+    (root / "runs.json").write_text(json.dumps([[str(a) for a in args] for args in argv]))
+    run([sys.executable, EXPORT_RUNS_JOB, root / "results.json", root / "runs.json"], timeout_s=300)
+    results = json.loads((root / "results.json").read_text())
+    return {name: (result, out) for (name, (_, out, *_)), result in zip(runs.items(), results)}
+
+
 def _files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
-
-
-def _export(source, out, *extra) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(TO_HF), "--megatron", str(source), "--out", str(out), "--no-progress",
-                           *extra], capture_output=True, text=True, timeout=300)
 
 
 def test_rl_checkpoint_records_its_hf_source(trained):
@@ -55,29 +74,24 @@ def test_rl_checkpoint_records_its_hf_source(trained):
     assert (actor / HF_ASSETS_DIR / "tokenizer.json").read_bytes() == (model / "tokenizer.json").read_bytes()
 
 
-@pytest.mark.parametrize("given", ["step_2/actor", "step_2", "latest", "."], ids=["role", "step", "latest", "root"])
-def test_export_of_a_step_equals_the_trainers_final_export(trained, tmp_path, given):
+@pytest.mark.parametrize("given", list(EXPORTS))
+def test_export_of_a_step_equals_the_trainers_final_export(trained, exported, given):
     _, _, run_dir = trained
-    out = tmp_path / "hf"
-    result = _export(run_dir / "checkpoints" / given, out, "--verify")
-    assert result.returncode == 0, result.stderr
-    assert "verify: every tensor equals the checkpoint's" in result.stdout
+    result, out = exported[given]
+    assert result["returncode"] == 0, result["stderr"]
+    assert "verify: every tensor equals the checkpoint's" in result["stdout"]
     assert _files(out) == _files(run_dir / "hf")  # bit for bit: weights, config, tokenizer
 
 
-def test_checkpoint_without_recorded_source_needs_hf_config(trained, tmp_path):
-    model, _, run_dir = trained
-    old = tmp_path / "checkpoints" / "step_2"
-    shutil.copytree(run_dir / "checkpoints" / "step_2", old)
-    (old / "actor" / SOURCE_FILE).unlink()  # as written by DistFlow before the source was recorded
-    shutil.rmtree(old / "actor" / HF_ASSETS_DIR)
-    refused = _export(old, tmp_path / "hf")
-    assert refused.returncode == 2
-    assert "before DistFlow recorded its HF source" in refused.stderr and "--hf-config" in refused.stderr
-    assert refused.stderr.count("\n") == 1, refused.stderr  # one line, no traceback
-    ok = _export(old, tmp_path / "hf", "--hf-config", str(model))
-    assert ok.returncode == 0, ok.stderr
-    assert _files(tmp_path / "hf") == _files(run_dir / "hf")
+def test_checkpoint_without_recorded_source_needs_hf_config(trained, exported):
+    _, _, run_dir = trained
+    refused, _ = exported["refused"]
+    assert refused["returncode"] == 2
+    assert "before DistFlow recorded its HF source" in refused["stderr"] and "--hf-config" in refused["stderr"]
+    assert refused["stderr"].count("\n") == 1, refused["stderr"]  # one line, no traceback
+    ok, out = exported["with_hf_config"]
+    assert ok["returncode"] == 0, ok["stderr"]
+    assert _files(out) == _files(run_dir / "hf")
 
 
 def test_resolve_names_what_a_folder_lacks(trained, tmp_path):

@@ -2,8 +2,9 @@
 
 HF -> Megatron dist checkpoint -> HF is bit for bit the source, for every family through the tools (qwen2
 TP2; qwen3_moe TP2 x EP2; llama PP2 x VPP2; mixtral from a fused-expert file at TP1; mistral PP2; qwen3
-TP2 x PP2; qwen2_moe EP2); checkpoints saved at one layout load at another (TP2 ones at PP2, PP2 / EP2 /
-TP2 x PP2 ones at TP2) with HF's logits, bit-identical to the same layout loaded from HF; bad HF
+TP2 x PP2; qwen2_moe EP2: mixtral and qwen3 from the command lines, the 2-rank ones through the tools'
+own functions in one launch); checkpoints saved at one layout load at another (TP2 ones at PP2, PP2 / EP2
+/ TP2 x PP2 ones at TP2) with HF's logits, bit-identical to the same layout loaded from HF; bad HF
 directories and damaged dist checkpoints are rejected naming the tensor, file or field; import memory
 stays under twice the model, export memory near shard size + one layer. (Every family at every layout,
 in memory: test_parallel_logits.)
@@ -62,19 +63,38 @@ def _make_source(name: str, root: Path) -> Path:
     return source
 
 
+# These run the tools from their command lines as a user does, covering both launchers (torchrun at 4 ranks,
+# in-process at 1); the 2-rank others run the same tool code (argument parsing, input checks, rank work, export
+# main) in one torchrun launch and one export process: a tool run's cost is mostly its start-up.
+COMMAND_LINE_CASES = ("qwen3_tp2_pp2", "mixtral_fused_tp1")
+IMPORT_RUNS_JOB = Path(__file__).parent / "jobs" / "import_tool_runs.py"
+EXPORT_RUNS_JOB = Path(__file__).parent / "jobs" / "export_tool_runs.py"
+
+
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory) -> dict:
     """name -> (HF source dir, dist checkpoint dir, exported HF dir, export output)."""
     root = tmp_path_factory.mktemp("convert")
-    done = {}
+    done, imports, exports = {}, {}, {}
     for name, (_, _, layout) in CASES.items():
         source = _make_source(name, root)
         ckpt, back = root / f"{name}_megatron", root / f"{name}_back"
-        run([sys.executable, TO_MEGATRON, "--hf", source, "--out", ckpt, *layout], timeout_s=300)
-        out = run([sys.executable, TO_HF, "--megatron", ckpt, "--out", back, "--max-shard-size", "64KB",
-                   "--verify", "--no-progress"], timeout_s=300)
-        done[name] = (source, ckpt, back, out)
-    return done
+        done[name] = (source, ckpt, back)
+        imports[name] = ["--hf", source, "--out", ckpt, *layout]
+        exports[name] = ["--megatron", ckpt, "--out", back, "--max-shard-size", "64KB", "--verify", "--no-progress"]
+    outputs = {}
+    for name in COMMAND_LINE_CASES:
+        run([sys.executable, TO_MEGATRON, *imports[name]], timeout_s=300)
+        outputs[name] = run([sys.executable, TO_HF, *exports[name]], timeout_s=300)
+    batched = [n for n in CASES if n not in COMMAND_LINE_CASES]
+    (root / "imports.json").write_text(json.dumps([[str(a) for a in imports[n]] for n in batched]))
+    torchrun(IMPORT_RUNS_JOB, nproc=2, args=[root / "imports.json"], timeout_s=300 + 60 * len(batched))
+    (root / "exports.json").write_text(json.dumps([[str(a) for a in exports[n]] for n in batched]))
+    run([sys.executable, EXPORT_RUNS_JOB, root / "exported.json", root / "exports.json"], timeout_s=300)
+    for name, result in zip(batched, json.loads((root / "exported.json").read_text())):
+        assert result["returncode"] == 0, (name, result["stderr"][-2000:])
+        outputs[name] = result["stdout"]
+    return {name: (*done[name], outputs[name]) for name in CASES}
 
 
 @pytest.mark.slow
@@ -106,15 +126,23 @@ CROSS_LAYOUT_LOADS = {  # loaded at: checkpoints saved at other layouts
 }
 
 
+@pytest.fixture(scope="module")
+def cross_layout_results(converted, tmp_path_factory) -> dict:
+    """target -> the logits job's results for CROSS_LAYOUT_LOADS[target]: both targets in one 2-rank launch."""
+    root = tmp_path_factory.mktemp("cross_layout")
+    args = []
+    for target, names in CROSS_LAYOUT_LOADS.items():
+        args += [*(["--then"] if args else []), f"--{target[:2]}", target[2:], "--out", root / f"{target}.json",
+                 "--load-megatron", *(converted[n][1] for n in names), "--", *(converted[n][0] for n in names)]
+    torchrun(LOGITS_JOB, nproc=2, timeout_s=300 * len(CROSS_LAYOUT_LOADS), args=args)
+    return {target: json.loads((root / f"{target}.json").read_text()) for target in CROSS_LAYOUT_LOADS}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("target", list(CROSS_LAYOUT_LOADS))
-def test_checkpoints_load_at_another_layout_with_hf_logits(converted, target, tmp_path):
+def test_checkpoints_load_at_another_layout_with_hf_logits(converted, cross_layout_results, target):
     names = CROSS_LAYOUT_LOADS[target]
-    out = tmp_path / "result.json"
-    torchrun(LOGITS_JOB, nproc=2, timeout_s=300,
-             args=[f"--{target[:2]}", target[2:], "--out", out, "--load-megatron",
-                   *(converted[n][1] for n in names), "--", *(converted[n][0] for n in names)])
-    results = json.loads(out.read_text())
+    results = cross_layout_results[target]
     assert sorted(results) == sorted(converted[n][0].name for n in names)
     for name, result in results.items():
         assert result["roundtrip_exact"] and result["max_abs_diff"] <= MAX_ABS_DIFF, (name, result)

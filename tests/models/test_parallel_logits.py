@@ -3,8 +3,8 @@ every layout of the issue's matrix, and the gathered Megatron state converts bac
 
 Dense families (llama, mistral, qwen2, qwen3, and a qwen2 with vocabulary 300 and one KV head: vocabulary
 padding and more TP ranks than KV heads) at TP1, TP2, PP2 and TP2 x PP2; MoE families (mixtral, qwen2_moe,
-qwen3_moe) at those and at EP2, EP2 x TP2 (ETP1) and EP2 x TP2 x ETP2. One torchrun per layout loads every
-family (tests/models/jobs/parallel_vs_hf_logits.py).
+qwen3_moe) at those and at EP2, EP2 x TP2 (ETP1) and EP2 x TP2 x ETP2. Each layout loads every family; one
+torchrun per process count runs its layouts in turn (tests/models/jobs/parallel_vs_hf_logits.py).
 """
 import json
 from pathlib import Path
@@ -40,13 +40,29 @@ def model_dirs(tiny_model_dirs, tmp_path_factory) -> dict:
     return {**tiny_model_dirs, ODD: odd}
 
 
+@pytest.fixture(scope="module")
+def layout_results(model_dirs, tmp_path_factory) -> dict:
+    """layout -> the job's results: one torchrun per process count runs all its layouts (the ranks' start-up,
+    torch and Megatron, paid once per count), each layout with Megatron's groups and the RNGs set up afresh."""
+    root = tmp_path_factory.mktemp("logits")
+    results = {}
+    for nproc in sorted({n for n, _, _ in LAYOUTS.values()}):
+        layouts = [name for name, (n, _, _) in LAYOUTS.items() if n == nproc]
+        args = []
+        for name in layouts:
+            _, job_args, models = LAYOUTS[name]
+            args += [*(["--then"] if args else []), *job_args, "--out", root / f"{name}.json",
+                     *(model_dirs[m] for m in models)]
+        torchrun(JOB, nproc=nproc, args=args, timeout_s=420 * len(layouts))
+        results.update({name: json.loads((root / f"{name}.json").read_text()) for name in layouts})
+    return results
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_megatron_logits_equal_hf(model_dirs, layout, tmp_path):
-    nproc, job_args, models = LAYOUTS[layout]
-    out = tmp_path / "result.json"
-    torchrun(JOB, nproc=nproc, args=[*job_args, "--out", out, *(model_dirs[m] for m in models)], timeout_s=420)
-    results = json.loads(out.read_text())
+def test_megatron_logits_equal_hf(layout_results, layout):
+    _, _, models = LAYOUTS[layout]
+    results = layout_results[layout]
     assert sorted(results) == sorted(models)
     diffs = ", ".join(f"{n} {r['max_abs_diff']:.1e}" for n, r in results.items())
     print(f"{layout}: max |Megatron - HF| logit {diffs}")

@@ -11,16 +11,21 @@ batch, and whether the gathered Megatron state (every TP/ETP/EP/PP shard) conver
 checkpoint bit for bit; for rope-scaled models also "unscaled_rope_diff", the largest difference from HF
 with plain rope (how large an unmapped rope scaling would show); with --load-megatron also
 "identical_to_hf_load": whether the logits equal, bit for bit, those of the same layout loaded from HF.
+Several layouts over the same ranks in one launch (the ranks' start-up paid once): their argument lists
+separated by --then, each with its own --out; each layout builds its
+Megatron groups and seeds its RNGs afresh, as a launch of its own would.
 """
 import argparse
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
 
 SEED = 0
 BATCH = 2
+THEN = "--then"  # separates the argument lists of several layouts compared in one launch
 
 
 def pipeline_forward(model, tokens: torch.Tensor) -> torch.Tensor | None:
@@ -163,13 +168,33 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=24, help="tokens per row of the compared batch")
     parser.add_argument("--out", required=True)
     parser.add_argument("model_dirs", nargs="+")
-    args = parser.parse_args()
-    assert not args.load_megatron or len(args.load_megatron) == len(args.model_dirs), "one checkpoint per dir"
+    runs = [parser.parse_args(part) for part in split_runs(sys.argv[1:])]
+    for args in runs:
+        assert not args.load_megatron or len(args.load_megatron) == len(args.model_dirs), "one checkpoint per dir"
 
     dist.init_process_group("gloo")
     import megatron_patches
 
     megatron_patches.apply()
+    for args in runs:
+        compare_layout(args)
+    dist.destroy_process_group()
+
+
+def split_runs(argv: list[str]) -> list[list[str]]:
+    """The argument lists of the layouts to compare, separated by THEN."""
+    parts = [[]]
+    for arg in argv:
+        if arg == THEN:
+            parts.append([])
+        else:
+            parts[-1].append(arg)
+    return parts
+
+
+def compare_layout(args) -> None:
+    """One layout's comparison of every model dir: Megatron's groups and the RNGs set up afresh, as in a job of
+    its own; global rank 0 writes args.out."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
@@ -189,7 +214,6 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
     parallel_state.destroy_model_parallel()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":  # dist_checkpointing may start processes by spawn, which re-imports __main__
