@@ -1,4 +1,5 @@
 """DistFlow: a fully distributed, multi-controller RL post-training framework (Megatron-Core + SGLang)."""
+
 from setuptools import find_packages, setup
 
 setup(

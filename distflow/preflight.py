@@ -8,6 +8,7 @@ the layers below the entry point: the pipelines (dag), the scorer registry (rewa
 file and what would be valid. Imports of those layers are inside the functions: `config show` of a bad
 key must stay instant.
 """
+
 import difflib
 import time
 from dataclasses import dataclass, field
@@ -53,18 +54,24 @@ def check_pipeline(cfg: DistFlowConfig, cluster=None) -> None:
     name = cfg.dag.pipeline
     if name not in RUNNABLE and ":" not in name:
         close = difflib.get_close_matches(name, RUNNABLE, n=1)
-        raise ConfigError(f"dag.pipeline={name!r} is not a built-in pipeline" +
-                          (f" (did you mean {close[0]}?)" if close else "") +
-                          f"; choose one of {list(RUNNABLE)} or a user pipeline 'module:function' / "
-                          "'path/to/file.py:function'")
+        raise ConfigError(
+            f"dag.pipeline={name!r} is not a built-in pipeline"
+            + (f" (did you mean {close[0]}?)" if close else "")
+            + f"; choose one of {list(RUNNABLE)} or a user pipeline 'module:function' / "
+            "'path/to/file.py:function'"
+        )
     if name == SMOKE:
         return
     from distflow.dag.graph import PipelineError
     from distflow.dag.loading import load_pipeline
 
-    pipeline = load_pipeline(cfg)  # ConfigError for what a built-in DAG cannot run (reward.model_path with dapo, ...)
+    pipeline = load_pipeline(
+        cfg
+    )  # ConfigError for what a built-in DAG cannot run (reward.model_path with dapo, ...)
     if any(node.role == "critic" for node in pipeline.nodes) and not cfg.critic.enable:
-        raise ConfigError(f"dag.pipeline={name} has critic nodes but there is no critic: set critic.enable=true")
+        raise ConfigError(
+            f"dag.pipeline={name} has critic nodes but there is no critic: set critic.enable=true"
+        )
     roles = None
     if cluster is not None:
         from distflow.dag.roles import ranks_of_role
@@ -96,8 +103,10 @@ def check_model_paths(cfg: DistFlowConfig) -> None:
 
 def _hf_dir(key: str, path: str) -> None:
     if not path:
-        raise ConfigError(f"{key} is not set: give a Hugging Face model directory (config.json, *.safetensors, "
-                          "tokenizer files)")
+        raise ConfigError(
+            f"{key} is not set: give a Hugging Face model directory (config.json, *.safetensors, "
+            "tokenizer files)"
+        )
     _existing_dir(key, path)
     if not (Path(path) / "config.json").is_file():
         raise ConfigError(f"{key}={path}: no config.json there (expected a Hugging Face model directory)")
@@ -124,9 +133,11 @@ def check_reward(cfg: DistFlowConfig) -> None:
     if r.name != "auto" and r.name not in BUILTIN_SCORERS:
         close = difflib.get_close_matches(r.name, list(BUILTIN_SCORERS) + ["auto"], n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise ConfigError(f"unknown reward.name {r.name!r}{hint}; choose auto (by data_source) or one of "
-                          f"{sorted(BUILTIN_SCORERS)}, or set reward.custom='module:function' or "
-                          "'path/to/file.py:function'")
+        raise ConfigError(
+            f"unknown reward.name {r.name!r}{hint}; choose auto (by data_source) or one of "
+            f"{sorted(BUILTIN_SCORERS)}, or set reward.custom='module:function' or "
+            "'path/to/file.py:function'"
+        )
 
 
 def check_resume(cfg: DistFlowConfig) -> None:
@@ -147,13 +158,17 @@ def check_data(cfg: DistFlowConfig) -> dict:
 
     d = cfg.data
     if not d.train_files:
-        raise ConfigError(f"data.train_files is empty: dag.pipeline={cfg.dag.pipeline} trains on prompts; give "
-                          "parquet/jsonl files in the common RL schema (tools/prepare_data.py writes some)")
+        raise ConfigError(
+            f"data.train_files is empty: dag.pipeline={cfg.dag.pipeline} trains on prompts; give "
+            "parquet/jsonl files in the common RL schema (tools/prepare_data.py writes some)"
+        )
     for split in ("train", "val"):  # before the tokenizer loads: a wrong path is answered at once
         for i, path in enumerate(getattr(d, f"{split}_files")):
             if not Path(path).is_file():
-                raise ConfigError(f"data.{split}_files[{i}]={path}: no such file" +
-                                  (" (it is a folder: list its files)" if Path(path).is_dir() else ""))
+                raise ConfigError(
+                    f"data.{split}_files[{i}]={path}: no such file"
+                    + (" (it is a folder: list its files)" if Path(path).is_dir() else "")
+                )
     tokenizer = _LazyTokenizer(cfg)  # loaded at the first prompt to tokenize: an empty or bad file is faster
     kept = {}
     for split in ("train", "val"):
@@ -181,7 +196,9 @@ class _LazyTokenizer:
             from transformers import AutoTokenizer  # the tokenizer only; no model code is imported
 
             m = self._cfg.model
-            path, key = (m.tokenizer_path, "model.tokenizer_path") if m.tokenizer_path else (m.path, "model.path")
+            path, key = (
+                (m.tokenizer_path, "model.tokenizer_path") if m.tokenizer_path else (m.path, "model.path")
+            )
             try:
                 self._tokenizer = AutoTokenizer.from_pretrained(path)
             except (OSError, ValueError) as err:

@@ -1,5 +1,6 @@
 """What the entry point hands a program (the trainer, the smoke run): the config, the validated layouts,
 this rank and its device; and the timestamped progress lines they print."""
+
 import os
 import time
 from dataclasses import dataclass
@@ -13,12 +14,16 @@ _STARTED = time.monotonic()  # progress lines count from the process start
 def progress(message: str) -> None:
     """A timestamped progress line (rank 0 prints; the others stay quiet)."""
     if int(os.environ.get("RANK", 0)) == 0:
-        print(f"[distflow {time.strftime('%H:%M:%S')} +{time.monotonic() - _STARTED:.1f}s] {message}", flush=True)
+        print(
+            f"[distflow {time.strftime('%H:%M:%S')} +{time.monotonic() - _STARTED:.1f}s] {message}",
+            flush=True,
+        )
 
 
 @dataclass
 class RunContext:
     """What a program gets: the config, the validated layouts, this rank, and its device."""
+
     cfg: DistFlowConfig
     cluster: ClusterLayout
     rank: int

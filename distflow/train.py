@@ -17,6 +17,7 @@ Examples:
     python -m distflow.config show my.yaml actor.tp=4      # print the resolved config, start nothing
     python -m distflow.config docs                         # every config field, documented
 """
+
 import argparse
 import os
 import sys
@@ -37,8 +38,11 @@ EARLY_ERRORS = (ConfigError, LayoutError, FileNotFoundError, ValueError)
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m distflow.train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m distflow.train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("config", help="YAML config file (see examples/configs/)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor.tp=2 rollout.n=8")
     return parser.parse_args(argv)
@@ -58,10 +62,19 @@ def prepare(argv=None) -> RunContext:
     device = distributed.resolve_device(cfg.trainer.device)
     silence_library_noise(cuda=device != "cpu")  # before Megatron-Core is imported
     env = distributed.init_process_group(device, cfg.trainer.dist_timeout_s)
-    trains = distributed.initialize_megatron_groups(cluster.actor, cluster.placement, cfg.trainer.dist_timeout_s)
+    trains = distributed.initialize_megatron_groups(
+        cluster.actor, cluster.placement, cfg.trainer.dist_timeout_s
+    )
     distributed.seed_everything(cfg.trainer.seed, trains)
-    return RunContext(cfg=cfg, cluster=cluster, rank=env.rank, world_size=env.world_size,
-                      local_rank=env.local_rank, device=device, trains=trains)
+    return RunContext(
+        cfg=cfg,
+        cluster=cluster,
+        rank=env.rank,
+        world_size=env.world_size,
+        local_rank=env.local_rank,
+        device=device,
+        trains=trains,
+    )
 
 
 def main(argv=None) -> int:

@@ -7,6 +7,7 @@ between layouts, the weight sync and one small all-gather of metrics per step fo
 Reading order: `run` (the whole life of a run), `Trainer.build` (what a rank holds), `resume_or_warm_up`
 (where step 1 starts from), `train` (the loop), `step` (one step: the DAG of dag/builtin.py, then its metrics).
 """
+
 import dataclasses
 import time
 from pathlib import Path
@@ -45,21 +46,37 @@ def run(run_ctx: RunContext) -> None:
 
 
 class Trainer:
-    def __init__(self, run_ctx: RunContext, ctx: NodeContext, controller: RankController, data, tracker: Tracker,
-                 checkpointer: Checkpointer, coordinator: DataCoordinator, failure: FailureSignal):
+    def __init__(
+        self,
+        run_ctx: RunContext,
+        ctx: NodeContext,
+        controller: RankController,
+        data,
+        tracker: Tracker,
+        checkpointer: Checkpointer,
+        coordinator: DataCoordinator,
+        failure: FailureSignal,
+    ):
         self.run_ctx, self.cfg, self.ctx, self.controller = run_ctx, run_ctx.cfg, ctx, controller
         self.train_set, self.val_set, self.loader = data
-        self.tracker, self.checkpointer, self.coordinator, self.failure = tracker, checkpointer, coordinator, failure
+        self.tracker, self.checkpointer, self.coordinator, self.failure = (
+            tracker,
+            checkpointer,
+            coordinator,
+            failure,
+        )
         workers = ctx.workers
-        self.trainable = {role: w for role, w in (("actor", workers.actor), ("critic", workers.critic))
-                          if w is not None}
+        self.trainable = {
+            role: w for role, w in (("actor", workers.actor), ("critic", workers.critic)) if w is not None
+        }
         self.checkpointed = dict(self.trainable)
         if workers.ref is not None and self.cfg.trainer.sft_warmup_steps:
             self.checkpointed["ref"] = workers.ref  # the warmed-up actor's copy: model.path does not hold it
         self.start_step = 0
         self.cuda = run_ctx.device == "cuda"
-        self.profiler = StepProfiler(self.cfg.trainer.profile_steps, Path(self.cfg.trainer.output_dir), run_ctx.rank,
-                                     cuda=self.cuda)
+        self.profiler = StepProfiler(
+            self.cfg.trainer.profile_steps, Path(self.cfg.trainer.output_dir), run_ctx.rank, cuda=self.cuda
+        )
         self.mfu = actor_mfu(self.cfg, run_ctx.cluster.placement) if self.cuda else None
         self._finished = False
 
@@ -73,17 +90,37 @@ class Trainer:
         tokenizer = load_tokenizer(cfg)
         workers = build_workers(run_ctx, pipeline, tokenizer)
         data = load_prompts(cfg, tokenizer, workers.rollout)
-        ctx = NodeContext(cfg, cluster, rank, tokenizer, workers,
-                          weight_sync=WeightSync.for_run(cfg, cluster, rank, workers.actor, workers.rollout),
-                          prompt_loader=data[2])  # dynamic sampling draws its extra rounds from the same order
-        tracker = Tracker(cfg.tracking, out_dir, rank=rank, config=dataclasses.asdict(cfg), total_steps=cfg.trainer.total_steps,
-                          **checkpointer.tracker_resume())
+        ctx = NodeContext(
+            cfg,
+            cluster,
+            rank,
+            tokenizer,
+            workers,
+            weight_sync=WeightSync.for_run(cfg, cluster, rank, workers.actor, workers.rollout),
+            prompt_loader=data[2],
+        )  # dynamic sampling draws its extra rounds from the same order
+        tracker = Tracker(
+            cfg.tracking,
+            out_dir,
+            rank=rank,
+            config=dataclasses.asdict(cfg),
+            total_steps=cfg.trainer.total_steps,
+            **checkpointer.tracker_resume(),
+        )
         coordinator = DataCoordinator(timeout_s=cfg.trainer.dist_timeout_s)
         failure = FailureSignal.from_default_group().start()
-        controller = RankController(pipeline, ctx, rank, ranks_of_role(cluster),
-                                    mover=CoordinatorMover(pipeline, cluster, coordinator), failure=failure)
-        run_ctx.log(f"pipeline {pipeline.name}: {' -> '.join(n.id for n in controller.order)}; "
-                    f"{len(data[0])} training prompts, {cfg.data.train_batch_size} x {cfg.rollout.n} samples per step")
+        controller = RankController(
+            pipeline,
+            ctx,
+            rank,
+            ranks_of_role(cluster),
+            mover=CoordinatorMover(pipeline, cluster, coordinator),
+            failure=failure,
+        )
+        run_ctx.log(
+            f"pipeline {pipeline.name}: {' -> '.join(n.id for n in controller.order)}; "
+            f"{len(data[0])} training prompts, {cfg.data.train_batch_size} x {cfg.rollout.n} samples per step"
+        )
         return cls(run_ctx, ctx, controller, data, tracker, checkpointer, coordinator, failure)
 
     def resume_or_warm_up(self) -> None:
@@ -96,14 +133,22 @@ class Trainer:
             self.ctx.weight_sync.sync()  # becomes the checkpoint's version again
             log(f"resumed from {self.checkpointer.resume_from} after step {self.start_step}")
             if self.start_step >= cfg.trainer.total_steps:
-                log(f"nothing to train: the checkpoint is at step {self.start_step} and trainer.total_steps="
+                log(
+                    f"nothing to train: the checkpoint is at step {self.start_step} and trainer.total_steps="
                     f"{cfg.trainer.total_steps}; raise trainer.total_steps to continue the run, or start a new one "
-                    "with another trainer.output_dir (or checkpoint.resume=never)")
+                    "with another trainer.output_dir (or checkpoint.resume=never)"
+                )
         elif cfg.trainer.sft_warmup_steps:
             losses = []
             if workers.actor is not None:
-                losses = sft_warmup(workers.actor, self.ctx.tokenizer, self.train_set, cfg.trainer.sft_warmup_steps,
-                                    cfg.data.train_batch_size, cfg.trainer.seed)
+                losses = sft_warmup(
+                    workers.actor,
+                    self.ctx.tokenizer,
+                    self.train_set,
+                    cfg.trainer.sft_warmup_steps,
+                    cfg.data.train_batch_size,
+                    cfg.trainer.seed,
+                )
             self.ctx.weight_sync.sync()
             if workers.ref is not None:
                 reference_from_actor(workers.actor, workers.ref)
@@ -121,8 +166,13 @@ class Trainer:
                 self.tracker.log_samples(val_rows, step)
             self.tracker.log(metrics, step)
             if self.checkpointer.should_save(step, total):
-                self.checkpointer.save(step, self.checkpointed, self.loader, self.tracker.run_id,
-                                       rollout_weight_version=self.ctx.workers.rollout.weight_version)
+                self.checkpointer.save(
+                    step,
+                    self.checkpointed,
+                    self.loader,
+                    self.tracker.run_id,
+                    rollout_weight_version=self.ctx.workers.rollout.weight_version,
+                )
         self._finished = True
 
     def step(self, step: int) -> dict[str, float]:
@@ -139,7 +189,9 @@ class Trainer:
         step_s = time.perf_counter() - start
         metrics["timing_s/step"] = metrics["perf/time_per_step"] = step_s
         # rollout/tokens is the sum over all engines: tokens generated per second and GPU.
-        metrics["perf/throughput"] = metrics.get("rollout/tokens", 0.0) / step_s / self.run_ctx.cluster.placement.world_size
+        metrics["perf/throughput"] = (
+            metrics.get("rollout/tokens", 0.0) / step_s / self.run_ctx.cluster.placement.world_size
+        )
         if self.mfu is not None:
             metrics.update(self.mfu.metrics(metrics))
         return metrics

@@ -4,6 +4,7 @@ Every rank builds its own share: a Megatron worker per role it trains (actor, an
 reward model the config asks for), the RolloutWorker (the SGLang engine it owns or hosts, or none), and on
 engine owners the reward scorers and its partition of the prompts.
 """
+
 import dataclasses
 
 import torch
@@ -40,8 +41,9 @@ def build_workers(run: RunContext, pipeline, tokenizer) -> Workers:
         for worker in (workers.actor, workers.critic):
             if worker is not None:
                 worker.max_consecutive_bad_steps = cfg.trainer.max_consecutive_bad_steps
-    workers.rollout = RolloutWorker(cfg, cluster.placement, run.rank, cfg.model.path,
-                                    weight_loaders=WeightSync.engine_loaders())
+    workers.rollout = RolloutWorker(
+        cfg, cluster.placement, run.rank, cfg.model.path, weight_loaders=WeightSync.engine_loaders()
+    )
     run.log(f"{cluster.placement.num_engines} SGLang engine(s) up")
     if workers.rollout.owner:
         workers.reward_pool = RewardPool.from_config(cfg.reward)
@@ -54,9 +56,16 @@ def _trained_worker(role: str, role_cfg, cfg, layout, device: str) -> MegatronWo
     pre-flight and the cluster layout, before any process group.)"""
     mini = role_cfg.mini_batch_size or cfg.data.train_batch_size
     updates_per_step = role_cfg.ppo_epochs * (cfg.data.train_batch_size // mini)
-    return MegatronWorker(role, dataclasses.replace(role_cfg, mini_batch_size=mini), cfg.model, layout, device,
-                          samples_per_prompt=cfg.rollout.n,
-                          total_optimizer_steps=cfg.trainer.total_steps * updates_per_step, seed=cfg.trainer.seed)
+    return MegatronWorker(
+        role,
+        dataclasses.replace(role_cfg, mini_batch_size=mini),
+        cfg.model,
+        layout,
+        device,
+        samples_per_prompt=cfg.rollout.n,
+        total_optimizer_steps=cfg.trainer.total_steps * updates_per_step,
+        seed=cfg.trainer.seed,
+    )
 
 
 def load_prompts(cfg, tokenizer, rollout: RolloutWorker):
@@ -79,4 +88,6 @@ def actor_mfu(cfg, placement):
     peak = peak_flops(torch.cuda.get_device_name())
     if peak is None:
         return None
-    return ActorMFU(ModelArch.from_json(cfg.model.path), peak, len(placement.train_ranks), cfg.actor.ppo_epochs)
+    return ActorMFU(
+        ModelArch.from_json(cfg.model.path), peak, len(placement.train_ranks), cfg.actor.ppo_epochs
+    )

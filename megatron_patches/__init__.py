@@ -5,12 +5,29 @@ Call `megatron_patches.apply()` in every process that runs Megatron, before it b
 the failure it fixes, with the contract NAME, needed(), is_applied(), apply(); README.md tabulates them.
 A patch is applied only where its failure would occur (the CUDA ones only without CUDA).
 """
-from . import (cuda_device, cuda_rng_tracker, cuda_streams, cuda_tensor_methods, cuda_tensor_placement,
-               moe_alltoall_split_sizes, moe_te_general_gemm, sequence_parallel_torch_norm)
+
+from . import (
+    cuda_device,
+    cuda_rng_tracker,
+    cuda_streams,
+    cuda_tensor_methods,
+    cuda_tensor_placement,
+    moe_alltoall_split_sizes,
+    moe_te_general_gemm,
+    sequence_parallel_torch_norm,
+)
 
 # The patches are independent of each other; the order is only the order apply() reports them in.
-PATCHES = (cuda_device, cuda_tensor_placement, cuda_tensor_methods, cuda_streams, cuda_rng_tracker,
-           moe_alltoall_split_sizes, moe_te_general_gemm, sequence_parallel_torch_norm)
+PATCHES = (
+    cuda_device,
+    cuda_tensor_placement,
+    cuda_tensor_methods,
+    cuda_streams,
+    cuda_rng_tracker,
+    moe_alltoall_split_sizes,
+    moe_te_general_gemm,
+    sequence_parallel_torch_norm,
+)
 
 
 def apply() -> list[str]:

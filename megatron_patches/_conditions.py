@@ -1,4 +1,5 @@
 """When a patch is needed: each patch module's needed() is one of these."""
+
 import importlib.util
 
 import torch

@@ -3,6 +3,7 @@
 The marker lives on the replacement object itself (not in a module-level set), so it survives a reload of
 this package and a second apply() from another copy of it in the same process still changes nothing.
 """
+
 from typing import Any
 
 MARKER = "__megatron_patches__"

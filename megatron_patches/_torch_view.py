@@ -5,6 +5,7 @@ nothing else: other modules and torch itself keep the real torch. Name lookups a
 custom autograd backward passes, where a TorchFunctionMode is switched off. Views compose: a view's base
 may itself be a view, when two patches touch the same module.
 """
+
 import importlib
 from typing import Any
 

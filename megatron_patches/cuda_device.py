@@ -10,6 +10,7 @@ faithful answer on a machine whose tensors all live on the CPU. This has to be g
 the torch.cuda module from dozens of Megatron files), but it is applied only when CUDA is unavailable, where
 the originals can do nothing but raise: no call that worked before behaves differently.
 """
+
 import torch
 
 from ._conditions import cuda_missing

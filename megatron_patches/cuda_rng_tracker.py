@@ -10,6 +10,7 @@ On a CPU machine every random op draws from torch's default CPU generator, so th
 out exactly as it swaps CUDA states on a GPU. Targeted: only the tracker's `add` and the module's two
 private state accessors are replaced; torch.cuda's RNG functions stay as they are.
 """
+
 import torch
 
 from ._conditions import cuda_missing

@@ -10,6 +10,7 @@ event is a no-op. Targeted: only the token dispatcher module sees the stand-ins 
 whose `cuda` attribute overrides Stream, Event, stream and current_stream); torch.cuda stays untouched for
 everyone else. Applied only without CUDA, where the real classes cannot be constructed.
 """
+
 import contextlib
 import importlib
 
@@ -79,8 +80,19 @@ def is_applied() -> bool:
 
 
 def apply() -> None:
-    cuda_with_cpu_streams = TorchView(torch.cuda, {
-        "Stream": CpuStream, "Event": CpuEvent, "current_stream": _current_stream, "stream": _on_stream,
-    }, "CPU stand-ins for CUDA streams")
-    install_torch_view(MODULES_USING_CUDA_STREAMS, {"cuda": cuda_with_cpu_streams},
-                       "torch.cuda with CPU stand-ins for streams and events", NAME)
+    cuda_with_cpu_streams = TorchView(
+        torch.cuda,
+        {
+            "Stream": CpuStream,
+            "Event": CpuEvent,
+            "current_stream": _current_stream,
+            "stream": _on_stream,
+        },
+        "CPU stand-ins for CUDA streams",
+    )
+    install_torch_view(
+        MODULES_USING_CUDA_STREAMS,
+        {"cuda": cuda_with_cpu_streams},
+        "torch.cuda with CPU stand-ins for streams and events",
+        NAME,
+    )

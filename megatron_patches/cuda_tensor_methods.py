@@ -15,6 +15,7 @@ those calls every tensor behaves as torch defines. The swap is process-wide whil
 functions are set-up and optimizer-step code that Megatron runs on the training thread, with no other
 thread expected to call Tensor.type or .cuda at the same time. Applied only without CUDA.
 """
+
 import contextlib
 import functools
 import importlib
@@ -31,9 +32,16 @@ needed = cuda_missing
 FUNCTIONS_EXPECTING_CUDA_TENSORS = (
     ("megatron.core.optimizer.clip_grads", None, "clip_grad_by_total_norm_fp32"),
     ("megatron.core.optimizer.optimizer", "Float16OptimizerWithFloat16Params", "__init__"),
-    ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer", "_build_model_and_main_param_groups"),
-    ("megatron.core.models.common.language_module.language_module", "LanguageModule",
-     "setup_embeddings_and_output_layer"),
+    (
+        "megatron.core.optimizer.distrib_optimizer",
+        "DistributedOptimizer",
+        "_build_model_and_main_param_groups",
+    ),
+    (
+        "megatron.core.models.common.language_module.language_module",
+        "LanguageModule",
+        "setup_embeddings_and_output_layer",
+    ),
 )
 # Modules that imported a listed function by name: their binding must point at the wrapper too.
 IMPORTED_BY_NAME = {"clip_grad_by_total_norm_fp32": ("megatron.core.optimizer.optimizer",)}
@@ -45,7 +53,9 @@ _depth = 0
 def _type_named_as_cuda(self, dtype=None, non_blocking=False, **kwargs):
     if dtype is not None or kwargs or self.is_cuda:
         return _original_type(self, dtype, non_blocking, **kwargs)
-    return _original_type(self).replace("torch.", "torch.cuda.", 1)  # torch.FloatTensor -> torch.cuda.FloatTensor
+    return _original_type(self).replace(
+        "torch.", "torch.cuda.", 1
+    )  # torch.FloatTensor -> torch.cuda.FloatTensor
 
 
 def _stay_on_cpu(self, device=None, non_blocking=False, **kwargs):

@@ -13,6 +13,7 @@ Targeted, not global: each listed module sees `torch` through a view (_torch_vie
 attribute is torch's own, and the rest of the process never sees the view. Applied only without CUDA,
 where a CUDA device argument can do nothing but raise.
 """
+
 import functools
 import importlib
 
@@ -34,8 +35,22 @@ MODULES_WITH_CUDA_FACTORIES = (
     "megatron.core.transformer.utils",  # get_default_causal_mask (attention without an explicit mask)
 )
 
-_FACTORIES = ("tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint",
-              "zeros_like", "ones_like", "empty_like", "full_like")
+_FACTORIES = (
+    "tensor",
+    "as_tensor",
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "arange",
+    "rand",
+    "randn",
+    "randint",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+    "full_like",
+)
 
 
 def _is_cuda_device(device) -> bool:
@@ -64,5 +79,6 @@ def is_applied() -> bool:
 
 def apply() -> None:
     factories = {name: _placing_on_cpu(getattr(torch, name)) for name in _FACTORIES}
-    install_torch_view(MODULES_WITH_CUDA_FACTORIES, factories, "tensor factories place CUDA tensors on the CPU",
-                       NAME)
+    install_torch_view(
+        MODULES_WITH_CUDA_FACTORIES, factories, "tensor factories place CUDA tensors on the CPU", NAME
+    )

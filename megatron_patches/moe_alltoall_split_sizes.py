@@ -10,6 +10,7 @@ Targeted: only the dispatcher's binding of maybe_move_tensor_to_cpu is replaced,
 CPU tensors asked for `as_numpy` (copying, as the device-to-host copy does on GPU) and hands everything
 else to Megatron's own function. Applied only without CUDA; with CUDA the split sizes are CUDA tensors.
 """
+
 import torch
 
 from ._conditions import cuda_missing

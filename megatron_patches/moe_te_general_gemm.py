@@ -8,6 +8,7 @@
 None is exactly what the code's own `is not None` check expects for "no TE". Applied only when TE cannot be
 imported (with TE the name is bound by the import), whether or not CUDA is present.
 """
+
 from ._conditions import transformer_engine_missing
 
 NAME = "moe_te_general_gemm"

@@ -11,6 +11,7 @@ Apex's and TE's norms do too. So the wrapper builds the norm as Megatron would w
 parameters when SP is on. Applied only when Megatron's local spec uses WrappedTorchNorm (no Apex), on CPU
 and GPU alike; with SP off the norm is built exactly as before.
 """
+
 import copy
 
 from ._replace import replace, replaced_by

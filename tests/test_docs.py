@@ -7,6 +7,7 @@ a quoted literal ("sync/bytes") in distflow/, or a name built by an f-string tem
 remainder is a quoted key or keyword argument there ("pg_clipfrac", pg_clipfrac=...). A name that neither
 knows fails with the doc, the line and where to add it.
 """
+
 import re
 import sys
 from pathlib import Path
@@ -19,8 +20,20 @@ GLOSSARY = REPO / "docs" / "metrics.md"
 
 PATH_ROOTS = ("distflow", "tools", "examples", "tests", "docs", "ci", "megatron_patches", ".ci")
 ROOT_FILES = ("README.md", "requirements.txt", "setup.py", "pytest.ini")
-METRIC_PREFIXES = ("actor", "critic", "rollout", "reward", "advantage", "sync", "timing_s", "perf", "val", "dapo",
-                   "response_length", "prompt_length")
+METRIC_PREFIXES = (
+    "actor",
+    "critic",
+    "rollout",
+    "reward",
+    "advantage",
+    "sync",
+    "timing_s",
+    "perf",
+    "val",
+    "dapo",
+    "response_length",
+    "prompt_length",
+)
 PLACEHOLDER = re.compile(r"[<{$*\[]|\.\.\.")
 
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
@@ -101,8 +114,11 @@ def named_file_names(doc: Path) -> list[tuple[int, str]]:
 def test_named_paths_exist(doc):
     missing = [f"{_rel(doc)}:{line}: {path}" for line, path in named_paths(doc) if not _path_exists(path)]
     names = repo_file_names()
-    missing += [f"{_rel(doc)}:{line}: {name} (no file of that name in the repository)"
-                for line, name in named_file_names(doc) if name not in names]
+    missing += [
+        f"{_rel(doc)}:{line}: {name} (no file of that name in the repository)"
+        for line, name in named_file_names(doc)
+        if name not in names
+    ]
     assert not missing, "docs name repository paths that do not exist:\n" + "\n".join(missing)
 
 
@@ -114,9 +130,14 @@ def _runnable_module(name: str) -> bool:
 
 @pytest.mark.parametrize("doc", DOCS, ids=_rel)
 def test_named_modules_run(doc):
-    bad = [f"{_rel(doc)}:{line}: python -m {name}" for line, name in _lines_with(doc.read_text(), _MODULE)
-           if not _runnable_module(name)]
-    assert not bad, "docs name `python -m` modules that do not exist (no X.py, no X/__main__.py):\n" + "\n".join(bad)
+    bad = [
+        f"{_rel(doc)}:{line}: python -m {name}"
+        for line, name in _lines_with(doc.read_text(), _MODULE)
+        if not _runnable_module(name)
+    ]
+    assert not bad, (
+        "docs name `python -m` modules that do not exist (no X.py, no X/__main__.py):\n" + "\n".join(bad)
+    )
 
 
 # ---- metric names ------------------------------------------------------------------------------------------
@@ -128,8 +149,11 @@ def expand(token: str) -> list[str]:
     for name in names:
         brace = re.search(r"\{([^{}]*)\}", name)
         if brace:
-            out += [n for choice in brace.group(1).split(",")
-                    for n in expand(name[:brace.start()] + choice.strip() + name[brace.end():])]
+            out += [
+                n
+                for choice in brace.group(1).split(",")
+                for n in expand(name[: brace.start()] + choice.strip() + name[brace.end() :])
+            ]
         else:
             out.append(name)
     return out
@@ -137,7 +161,9 @@ def expand(token: str) -> list[str]:
 
 def _template_regex(name: str) -> re.Pattern:
     parts = re.split(r"(<[^>]*>|\*)", name)
-    return re.compile("".join(".+" if p.startswith("<") else ".*" if p == "*" else re.escape(p) for p in parts) + "$")
+    return re.compile(
+        "".join(".+" if p.startswith("<") else ".*" if p == "*" else re.escape(p) for p in parts) + "$"
+    )
 
 
 def glossary_patterns() -> list[re.Pattern]:
@@ -157,9 +183,14 @@ def code_records(name: str, source: str) -> bool:
     if re.search(r"[\"']" + re.escape(name) + r"[\"']", source):
         return True
     for head in re.findall(r"f[\"']([\w/]+/)\{", source):
-        rest = name[len(head):]
-        if name.startswith(head) and rest and re.search(
-                r"[\"']" + re.escape(rest) + r"[\"']|(?<![\w.])" + re.escape(rest) + r"\s*=(?!=)", source):
+        rest = name[len(head) :]
+        if (
+            name.startswith(head)
+            and rest
+            and re.search(
+                r"[\"']" + re.escape(rest) + r"[\"']|(?<![\w.])" + re.escape(rest) + r"\s*=(?!=)", source
+            )
+        ):
             return True
     return False
 
@@ -167,8 +198,12 @@ def code_records(name: str, source: str) -> bool:
 def named_metrics(doc: Path) -> list[tuple[int, str]]:
     """(line, name) of every concrete metric name in the doc's code spans (templates and wildcards are skipped:
     they name families, not one metric)."""
-    return [(line, name) for line, token in _lines_with(_code_text(doc.read_text()), _METRIC)
-            for name in expand(token) if not re.search(r"[<*{]", name)]
+    return [
+        (line, name)
+        for line, token in _lines_with(_code_text(doc.read_text()), _METRIC)
+        for name in expand(token)
+        if not re.search(r"[<*{]", name)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -180,44 +215,64 @@ def known():
 @pytest.mark.parametrize("doc", [d for d in DOCS if d != GLOSSARY], ids=_rel)
 def test_named_metrics_are_recorded(doc, known):
     unknown = [f"{_rel(doc)}:{line}: {name}" for line, name in named_metrics(doc) if not known(name)]
-    assert not unknown, ("docs name metrics that neither docs/metrics.md documents nor the code records "
-                         "(grep ctx.record / metric keys in distflow/):\n" + "\n".join(unknown))
+    assert not unknown, (
+        "docs name metrics that neither docs/metrics.md documents nor the code records "
+        "(grep ctx.record / metric keys in distflow/):\n" + "\n".join(unknown)
+    )
 
 
 # ---- the checker itself ------------------------------------------------------------------------------------
 def test_the_checks_catch_what_they_are_for(tmp_path):
     assert expand("critic/advantages/{mean,max}") == ["critic/advantages/mean", "critic/advantages/max"]
-    assert expand("response_length/mean|max|min") == ["response_length/mean", "response_length/max",
-                                                      "response_length/min"]
+    assert expand("response_length/mean|max|min") == [
+        "response_length/mean",
+        "response_length/max",
+        "response_length/min",
+    ]
     assert _template_regex("val/<data_source>/reward/mean").match("val/openai/gsm8k/reward/mean")
     source = 'ctx.record(**{"sync/bytes": 1})\nctx.record(**{f"actor/{k}": v})\nm = dict(pg_clipfrac=0.1)\n'
     assert code_records("sync/bytes", source) and code_records("actor/pg_clipfrac", source)
     assert not code_records("actor/clipfrac", source) and not code_records("sync/seconds", source)
     assert _path_exists("distflow/train.py") and _path_exists("tools/convert_*.py")
     assert _path_exists("examples/<script>.sh") and _path_exists("distflow/rewards/registry.py:load_scorer")
-    assert not _path_exists("examples/configs/rl_gpu.yaml") and not _path_exists("nowhere/<x>.sh".join(["tools/", ""]))
+    assert not _path_exists("examples/configs/rl_gpu.yaml") and not _path_exists(
+        "nowhere/<x>.sh".join(["tools/", ""])
+    )
     assert _runnable_module("distflow.plan") and _runnable_module("distflow.train")
     assert not _runnable_module("distflow.nonexistent")
     doc = tmp_path / "x.md"
-    doc.write_text("Watch `actor/clipfrac` and `rollout/response_length/*`; see `distflow/workers/rollout/worker.py`.\n"
-                   "```bash\npython -m distflow.plan examples/configs/gpu_base.yaml\n```\n")
+    doc.write_text(
+        "Watch `actor/clipfrac` and `rollout/response_length/*`; see `distflow/workers/rollout/worker.py`.\n"
+        "```bash\npython -m distflow.plan examples/configs/gpu_base.yaml\n```\n"
+    )
     assert named_metrics(doc) == [(1, "actor/clipfrac")]  # the path's rollout/ is no metric; * is a family
-    assert sorted(p for _, p in named_paths(doc)) == ["distflow/workers/rollout/worker.py",
-                                                      "examples/configs/gpu_base.yaml"]
-    assert [m.group(1) for m in _MODULE.finditer("python -m distflow.* and torchrun -m distflow.train")] == \
-        ["distflow.train"]
+    assert sorted(p for _, p in named_paths(doc)) == [
+        "distflow/workers/rollout/worker.py",
+        "examples/configs/gpu_base.yaml",
+    ]
+    assert [m.group(1) for m in _MODULE.finditer("python -m distflow.* and torchrun -m distflow.train")] == [
+        "distflow.train"
+    ]
     doc.write_text('`"distflow/copy"` is a data_source, `distflow/copy` a path\n')
     assert [p for _, p in named_paths(doc)] == ["distflow/copy"]
-    doc.write_text("The names are in DESIGN.md (`memory.py`, `tools/plot_metrics.py`).\n```\ncat > mine.py\n```\n")
+    doc.write_text(
+        "The names are in DESIGN.md (`memory.py`, `tools/plot_metrics.py`).\n```\ncat > mine.py\n```\n"
+    )
     assert [n for _, n in named_file_names(doc)] == ["DESIGN.md", "memory.py"]
 
 
 def test_the_glossary_is_read_when_it_exists(tmp_path, monkeypatch):
     glossary = tmp_path / "metrics.md"
-    glossary.write_text("| name | meaning |\n|---|---|\n| `val/<data_source>/reward/mean` | per source |\n"
-                        "| `critic/advantages/{mean,max}` | stats |\n| `actor/kl*` | KL terms |\n")
+    glossary.write_text(
+        "| name | meaning |\n|---|---|\n| `val/<data_source>/reward/mean` | per source |\n"
+        "| `critic/advantages/{mean,max}` | stats |\n| `actor/kl*` | KL terms |\n"
+    )
     monkeypatch.setattr(sys.modules[__name__], "GLOSSARY", glossary)
     patterns = glossary_patterns()
     documented = lambda name: any(p.match(name) for p in patterns)  # noqa: E731
     assert documented("val/openai/gsm8k/reward/mean") and documented("critic/advantages/max")
-    assert documented("actor/kl_loss") and not documented("actor/clipfrac") and not documented("critic/advantages/min")
+    assert (
+        documented("actor/kl_loss")
+        and not documented("actor/clipfrac")
+        and not documented("critic/advantages/min")
+    )

@@ -1,5 +1,6 @@
 """The worked example of docs/custom_reward.md, examples/rewards/gsm8k_format_bonus.py, loads under the scorer
 contract and scores through a real RewardPool (worker processes), both as a module and as a file path."""
+
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,8 @@ def test_file_path_form(monkeypatch):
         scorer = load_scorer(FILE_PATH)
     except ValueError as err:
         if "not a dotted path" in str(err) or "cannot import module" in str(err):
-            pytest.skip(f"reward.custom=path/to/file.py:function is not supported by this checkout yet: {err}")
+            pytest.skip(
+                f"reward.custom=path/to/file.py:function is not supported by this checkout yet: {err}"
+            )
         raise
     assert [scorer(r, t, None, ended_with_eos=e) for r, t, e, _ in CASES] == [w for *_, w in CASES]

@@ -13,6 +13,7 @@ received) / (batch bytes / N); and the imbalance. The coordinator's figures come
 beside them. BENCH_TIMELINE=1 also prints each rank's transfer timeline (gathered, planned, posted,
 received, done, in ms).
 """
+
 import argparse
 import os
 import statistics
@@ -27,7 +28,7 @@ from distflow.coordination.data import DataCoordinator, DataEdge, FieldPlacement
 from distflow.coordination.data.balance import balanced_partition, imbalance
 from distflow.layout import ParallelLayout, Placement
 
-MiB = 2 ** 20
+MiB = 2**20
 FIELDS = FieldPlacement.standard("input_ids", rollout_logprobs="all")
 
 
@@ -49,8 +50,16 @@ def main(argv=None):
         if args.ranks % 2:
             parser.error("--ranks must be even (the training layout is DP=N/2 x TP=2)")
         rest = [a for a in (argv if argv is not None else sys.argv[1:])]
-        print(torchrun(os.path.abspath(__file__), nproc=args.ranks, args=rest, timeout_s=args.timeout,
-                       env={"OMP_NUM_THREADS": "1"}), end="")
+        print(
+            torchrun(
+                os.path.abspath(__file__),
+                nproc=args.ranks,
+                args=rest,
+                timeout_s=args.timeout,
+                env={"OMP_NUM_THREADS": "1"},
+            ),
+            end="",
+        )
         return
     worker(args)
 
@@ -66,33 +75,50 @@ def rollout_shard(args, rank: int, world: int):
     ids = (prompts[:, None] * args.samples + np.arange(args.samples)).reshape(-1)
     gen = torch.Generator().manual_seed(args.seed + rank)
     tokens = int(lengths[ids].sum())
-    batch = PackedBatch(ids, ids // args.samples, lengths[ids], {
-        "input_ids": torch.randint(0, 151_000, (tokens,), generator=gen),
-        "rollout_logprobs": -torch.rand(tokens, generator=gen)}, {
-        "input_ids": lengths[ids], "rollout_logprobs": lengths[ids]})
+    batch = PackedBatch(
+        ids,
+        ids // args.samples,
+        lengths[ids],
+        {
+            "input_ids": torch.randint(0, 151_000, (tokens,), generator=gen),
+            "rollout_logprobs": -torch.rand(tokens, generator=gen),
+        },
+        {"input_ids": lengths[ids], "rollout_logprobs": lengths[ids]},
+    )
     return batch, int(lengths.sum())
 
 
 # --- single-controller baseline ---------------------------------------------------------------------------
 
+
 def _to_bytes(batch: PackedBatch) -> torch.Tensor:
     """A whole batch as one buffer: [n, ids, groups, lengths, rows] int64, then token ids, then log-probs."""
     n = torch.tensor([len(batch)])
     meta = torch.cat([n, batch.sample_ids, batch.groups, batch.lengths])
-    return torch.cat([meta.view(torch.uint8), batch.fields["input_ids"].view(torch.uint8),
-                      batch.fields["rollout_logprobs"].view(torch.uint8)])
+    return torch.cat(
+        [
+            meta.view(torch.uint8),
+            batch.fields["input_ids"].view(torch.uint8),
+            batch.fields["rollout_logprobs"].view(torch.uint8),
+        ]
+    )
 
 
 def _from_bytes(buf: torch.Tensor) -> PackedBatch:
     n = int(buf[:8].view(torch.int64)[0])
-    meta = buf[8:8 + 24 * n].view(torch.int64)
-    ids, groups, lengths = meta[:n], meta[n:2 * n], meta[2 * n:]
+    meta = buf[8 : 8 + 24 * n].view(torch.int64)
+    ids, groups, lengths = meta[:n], meta[n : 2 * n], meta[2 * n :]
     tokens = int(lengths.sum())
     at = 8 + 24 * n
-    input_ids = buf[at:at + 8 * tokens].view(torch.int64)
-    logprobs = buf[at + 8 * tokens:at + 12 * tokens].view(torch.float32)
-    return PackedBatch(ids, groups, lengths, {"input_ids": input_ids, "rollout_logprobs": logprobs},
-                       {"input_ids": lengths, "rollout_logprobs": lengths})
+    input_ids = buf[at : at + 8 * tokens].view(torch.int64)
+    logprobs = buf[at + 8 * tokens : at + 12 * tokens].view(torch.float32)
+    return PackedBatch(
+        ids,
+        groups,
+        lengths,
+        {"input_ids": input_ids, "rollout_logprobs": logprobs},
+        {"input_ids": lengths, "rollout_logprobs": lengths},
+    )
 
 
 def single_controller(batch: PackedBatch, consumer: PlacedLayout, stats: dict) -> PackedBatch:
@@ -137,6 +163,7 @@ def single_controller(batch: PackedBatch, consumer: PlacedLayout, stats: dict) -
 
 # --- measurement ---------------------------------------------------------------------------------------
 
+
 def measure(run, consumer: PlacedLayout, total_tokens: int):
     """Runs `run(stats)` on every rank between barriers; returns (slowest rank's seconds, per-rank
     [sent, received] bytes, tokens per consumer DP rank)."""
@@ -154,7 +181,9 @@ def measure(run, consumer: PlacedLayout, total_tokens: int):
     if c is not None and c.tp == 0:
         tokens[c.dp] = out.num_tokens
     dist.all_reduce(tokens)
-    assert int(tokens.sum()) == total_tokens, f"tokens lost or duplicated: {int(tokens.sum())} != {total_tokens}"
+    assert int(tokens.sum()) == total_tokens, (
+        f"tokens lost or duplicated: {int(tokens.sum())} != {total_tokens}"
+    )
     return float(elapsed), torch.stack(every).numpy(), tokens.numpy()
 
 
@@ -166,11 +195,13 @@ def report(name, walls, traffic, tokens, world, payload):
     total = int(through.sum())
     share = through[busiest] / (total / world)
     one_way = traffic.max() / (payload / world)
-    line = (f"{name:<12} wall {statistics.median(walls):.3f} s (runs: {', '.join(f'{w:.3f}' for w in walls)}); "
-            f"busiest rank {busiest}: {traffic[busiest, 0] / MiB:.1f} MiB sent + {traffic[busiest, 1] / MiB:.1f} MiB "
-            f"received = {through[busiest] / MiB:.1f} MiB of {total / MiB:.1f} MiB total traffic "
-            f"(busiest / (total/N) = {share:.2f}; largest one-way bytes / (batch/N) = {one_way:.2f}); "
-            f"token imbalance {imbalance(tokens):.4f}")
+    line = (
+        f"{name:<12} wall {statistics.median(walls):.3f} s (runs: {', '.join(f'{w:.3f}' for w in walls)}); "
+        f"busiest rank {busiest}: {traffic[busiest, 0] / MiB:.1f} MiB sent + {traffic[busiest, 1] / MiB:.1f} MiB "
+        f"received = {through[busiest] / MiB:.1f} MiB of {total / MiB:.1f} MiB total traffic "
+        f"(busiest / (total/N) = {share:.2f}; largest one-way bytes / (batch/N) = {one_way:.2f}); "
+        f"token imbalance {imbalance(tokens):.4f}"
+    )
     return line, share, one_way, imbalance(tokens)
 
 
@@ -190,7 +221,10 @@ def worker(args):
         stats["sent"], stats["received"] = handle.bytes_sent, handle.bytes_received
         if os.environ.get("BENCH_TIMELINE"):
             t = handle.timeline
-            print(f"rank {rank} " + " ".join(f"{k}={1000 * (v - t['started']):.0f}ms" for k, v in t.items()), flush=True)
+            print(
+                f"rank {rank} " + " ".join(f"{k}={1000 * (v - t['started']):.0f}ms" for k, v in t.items()),
+                flush=True,
+            )
         return out
 
     def baseline(stats):
@@ -199,16 +233,19 @@ def worker(args):
     results = {"coordinator": [], "baseline": []}
     for round_ in range(args.repeats + 1):
         order = [("coordinator", coordinated), ("baseline", baseline)]
-        for name, run in (order if round_ % 2 == 0 else order[::-1]):
+        for name, run in order if round_ % 2 == 0 else order[::-1]:
             measured = measure(run, consumer, total_tokens)
             if round_ > 0:  # round 0 warms up connections and allocators
                 results[name].append(measured)
     if rank == 0:
         payload = total_tokens * 12
-        print(f"{world} ranks: {args.prompts} prompts x {args.samples} samples, lengths {args.min_len}..{args.max_len} "
-              f"(mean {total_tokens / (args.prompts * args.samples):.0f}), {total_tokens} tokens, "
-              f"{payload / MiB:.1f} MiB of int64 ids + float32 log-probs; rollout DP={world} -> "
-              f"train DP={world // 2} x TP=2", flush=True)
+        print(
+            f"{world} ranks: {args.prompts} prompts x {args.samples} samples, lengths {args.min_len}..{args.max_len} "
+            f"(mean {total_tokens / (args.prompts * args.samples):.0f}), {total_tokens} tokens, "
+            f"{payload / MiB:.1f} MiB of int64 ids + float32 log-probs; rollout DP={world} -> "
+            f"train DP={world // 2} x TP=2",
+            flush=True,
+        )
         summary = {}
         for name, runs in results.items():
             walls = [r[0] for r in runs]
@@ -216,8 +253,11 @@ def worker(args):
             summary[name].insert(0, statistics.median(walls))
             print(line, flush=True)
         (tc, sc, oc, ic), (tb, sb, ob, ib) = summary["coordinator"], summary["baseline"]
-        print(f"ratios: baseline/coordinator time = {tb / tc:.2f}x, busiest/(total/N) = {sc:.2f} (baseline {sb:.2f}; "
-              f"one-way/(batch/N) {oc:.2f} vs {ob:.2f}), imbalance = {ic:.4f} (baseline {ib:.4f})", flush=True)
+        print(
+            f"ratios: baseline/coordinator time = {tb / tc:.2f}x, busiest/(total/N) = {sc:.2f} (baseline {sb:.2f}; "
+            f"one-way/(batch/N) {oc:.2f} vs {ob:.2f}), imbalance = {ic:.4f} (baseline {ib:.4f})",
+            flush=True,
+        )
     coordinator.close()
     dist.barrier()
     dist.destroy_process_group()

@@ -15,6 +15,7 @@ barrier to the last rank done):
   memcpy: one process copying the bytes the engine ranks receive, from memory to memory.
 The last line has both ratios: gather-broadcast time / resharder time, resharder time / memcpy time.
 """
+
 import argparse
 import os
 import statistics
@@ -39,9 +40,13 @@ def main(argv=None):
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--engine-tp", type=int, default=1)
     parser.add_argument("--bucket-mb", type=float, default=64)
-    parser.add_argument("--transport", default="auto", choices=["auto", "shared_memory", "process_group"],
-                        help="sync.transport of the resharder: process_group sends every piece another rank "
-                             "hosts over a gloo group, as between nodes")
+    parser.add_argument(
+        "--transport",
+        default="auto",
+        choices=["auto", "shared_memory", "process_group"],
+        help="sync.transport of the resharder: process_group sends every piece another rank "
+        "hosts over a gloo group, as between nodes",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1200)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -54,9 +59,16 @@ def main(argv=None):
         from distflow.testing.launch import torchrun
 
         with tempfile.TemporaryDirectory(prefix="bench-weight-sync-") as tmp:
-            model = make_tiny_model(args.family, os.path.join(tmp, "model"), layers=args.layers, hidden=args.hidden,
-                                    heads=args.heads, kv_heads=args.kv_heads, ffn=args.ffn or 3 * args.hidden,
-                                    vocab=args.vocab)
+            model = make_tiny_model(
+                args.family,
+                os.path.join(tmp, "model"),
+                layers=args.layers,
+                hidden=args.hidden,
+                heads=args.heads,
+                kv_heads=args.kv_heads,
+                ffn=args.ffn or 3 * args.hidden,
+                vocab=args.vocab,
+            )
             rest = list(argv if argv is not None else sys.argv[1:]) + ["--model-dir", str(model)]
             out = torchrun(os.path.abspath(__file__), nproc=world, args=rest, timeout_s=args.timeout)
         print("\n".join(line for line in out.splitlines() if line.startswith("BENCH ")).replace("BENCH ", ""))
@@ -77,41 +89,62 @@ def worker(args):
     engine = None
     if rank == 0:
         from distflow.workers.rollout import start_engine
-        engine = start_engine(args.model_dir, tp=args.engine_tp, extra_args=engine_side.engine_args(),
-                              startup_timeout_s=int(args.timeout))
+
+        engine = start_engine(
+            args.model_dir,
+            tp=args.engine_tp,
+            extra_args=engine_side.engine_args(),
+            startup_timeout_s=int(args.timeout),
+        )
     dist.barrier()
     checkpoint = HFCheckpoint(args.model_dir)
     spec, cfg = spec_for(checkpoint.config), checkpoint.config
     train = ParallelLayout.for_world(world, tp=args.tp, pp=args.pp)
     # One engine, on the first engine_tp ranks (the other ranks only train).
-    placement = Placement(kind="colocated", world_size=world, train_ranks=tuple(range(world)),
-                          rollout_ranks=tuple(range(args.engine_tp)), engine_tp=args.engine_tp)
+    placement = Placement(
+        kind="colocated",
+        world_size=world,
+        train_ranks=tuple(range(world)),
+        rollout_ranks=tuple(range(args.engine_tp)),
+        engine_tp=args.engine_tp,
+    )
     local = local_shards(spec, checkpoint, train, rank)
-    plan = plan_weight_sync(spec, cfg, train, placement, bucket_bytes=int(args.bucket_mb * 2**20), element_size=4)
+    plan = plan_weight_sync(
+        spec, cfg, train, placement, bucket_bytes=int(args.bucket_mb * 2**20), element_size=4
+    )
     resharder = WeightResharder(plan, local, engine=engine, transport=args.transport)
 
     results = {}
     results["resharder"] = timed(resharder.sync, args.repeats)
     if rank == 0:
         print(f"resharder done: {results['resharder']:.3f} s", flush=True)
-    results["gather-broadcast"] = timed(lambda: gather_broadcast(spec, cfg, train, local, engine), args.repeats)
+    results["gather-broadcast"] = timed(
+        lambda: gather_broadcast(spec, cfg, train, local, engine), args.repeats
+    )
     src = torch.randn(plan.total_bytes // 4)
     dst = torch.empty_like(src)
     results["memcpy"] = timed(lambda: dst.copy_(src), args.repeats, collective=False) if rank == 0 else 0.0
     if rank == 0:
         mib = plan.total_bytes / 2**20
         send = plan.sender_bytes()
-        print(f"BENCH {args.family}: {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}; "
-              f"train tp={args.tp} pp={args.pp}, engine tp={args.engine_tp}, transport {args.transport}; "
-              f"{mib:.1f} MiB into the engine per sync, {len(plan.buckets)} bucket(s) of <= {args.bucket_mb} MiB; "
-              f"busiest sender {max(send.values()) / 2**20:.1f} MiB", flush=True)
+        print(
+            f"BENCH {args.family}: {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}; "
+            f"train tp={args.tp} pp={args.pp}, engine tp={args.engine_tp}, transport {args.transport}; "
+            f"{mib:.1f} MiB into the engine per sync, {len(plan.buckets)} bucket(s) of <= {args.bucket_mb} MiB; "
+            f"busiest sender {max(send.values()) / 2**20:.1f} MiB",
+            flush=True,
+        )
         for name, seconds in results.items():
             rate = plan.total_bytes / seconds / 1e9
             print(f"BENCH {name:>16}: {seconds * 1e3:8.1f} ms  {rate:6.2f} GB/s", flush=True)
         baseline, resharder, bound = results["gather-broadcast"], results["resharder"], results["memcpy"]
-        print(f"BENCH ratios: gather-broadcast / resharder = {baseline / resharder:.2f}x, "
-              f"resharder / memcpy = {resharder / bound:.2f}x", flush=True)
+        print(
+            f"BENCH ratios: gather-broadcast / resharder = {baseline / resharder:.2f}x, "
+            f"resharder / memcpy = {resharder / bound:.2f}x",
+            flush=True,
+        )
         from distflow.workers.rollout import shutdown_engine
+
         shutdown_engine(engine)
     dist.barrier()
     dist.destroy_process_group()
@@ -124,13 +157,21 @@ def local_shards(spec, checkpoint, train, rank) -> dict[str, torch.Tensor]:
     c = train.coords(rank)
     layers = checkpoint.config["num_hidden_layers"] // train.pp
     offset = c.pp * layers
-    shard = hf_to_megatron_shard(spec, checkpoint.config, checkpoint.get, tp_rank=c.tp, tp_size=train.tp,
-                                 layer_offset=offset, num_layers=layers, pre_process=c.pp == 0,
-                                 post_process=c.pp == train.pp - 1)
+    shard = hf_to_megatron_shard(
+        spec,
+        checkpoint.config,
+        checkpoint.get,
+        tp_rank=c.tp,
+        tp_size=train.tp,
+        layer_offset=offset,
+        num_layers=layers,
+        pre_process=c.pp == 0,
+        post_process=c.pp == train.pp - 1,
+    )
     out = {}
     for name, tensor in shard.items():
         if name.startswith("decoder.layers."):
-            local, rest = name[len("decoder.layers."):].split(".", 1)
+            local, rest = name[len("decoder.layers.") :].split(".", 1)
             name = f"decoder.layers.{offset + int(local)}.{rest}"
         out[name] = tensor.contiguous()
     return out
@@ -157,7 +198,7 @@ def gather_broadcast(spec, cfg, train, local, engine) -> None:
         state, at = {}, 0
         for name, shape in layout:
             n = torch.Size(shape).numel()
-            state[name] = buf[at:at + n].view(shape)
+            state[name] = buf[at : at + n].view(shape)
             at += n
         states.append(state)
     hf = {}
@@ -168,7 +209,7 @@ def gather_broadcast(spec, cfg, train, local, engine) -> None:
         local_names = {}
         for name, tensor in full.items():  # back to stage-local layer numbers for the HF mapping
             if name.startswith("decoder.layers."):
-                g, rest = name[len("decoder.layers."):].split(".", 1)
+                g, rest = name[len("decoder.layers.") :].split(".", 1)
                 name = f"decoder.layers.{int(g) - stage * layers}.{rest}"
             local_names[name] = tensor
         hf.update(megatron_full_to_hf(spec, cfg, local_names, layer_offset=stage * layers))

@@ -8,6 +8,7 @@ local layer spec plus distflow_hf_source.json and hf_assets/ (config, tokenizer)
 tools/convert_megatron_to_hf.py. The HF directory is checked against its config first: a missing, extra or
 misshapen tensor or an unsupported architecture stops the tool (exit code 2) with the names at fault.
 """
+
 import argparse
 import os
 import signal
@@ -26,7 +27,9 @@ def parse_args(argv=None):
     parser.add_argument("--ep", type=int, default=1, help="expert parallel size (MoE)")
     parser.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (default: --tp)")
     parser.add_argument("--vpp", type=int, default=None, help="virtual pipeline stages per rank")
-    parser.add_argument("--timeout", type=float, default=24 * 3600, help="seconds before the ranks are killed")
+    parser.add_argument(
+        "--timeout", type=float, default=24 * 3600, help="seconds before the ranks are killed"
+    )
     return parser.parse_args(argv)
 
 
@@ -75,8 +78,15 @@ def main(argv=None) -> None:
         if int(os.environ.get("RANK", 0)) == 0:
             print(f"wrote {args.out} from {layout} ({world} rank(s))")
         return
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           os.path.abspath(__file__), *(argv if argv is not None else sys.argv[1:])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={world}",
+        os.path.abspath(__file__),
+        *(argv if argv is not None else sys.argv[1:]),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:

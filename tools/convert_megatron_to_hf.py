@@ -18,6 +18,7 @@ tensor with the checkpoint.
 A checkpoint that cannot be exported (missing or unreadable files, a recorded config its tensors disagree
 with, an unsupported architecture) stops the tool with exit code 2 and the key, file or field at fault.
 """
+
 import argparse
 import sys
 
@@ -35,17 +36,33 @@ def parse_size(text: str) -> int:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--megatron", required=True,
-                        help="dist checkpoint directory, or an RL checkpoint: step_N[/ROLE], checkpoints/[latest]")
-    parser.add_argument("--role", default="actor", help="the role folder to export from an RL step (default actor)")
-    parser.add_argument("--hf-config", default=None,
-                        help="HF model directory to take config.json and tokenizer from (default: the copy recorded "
-                             "with the checkpoint); needed for RL checkpoints of DistFlow before the record")
+    parser.add_argument(
+        "--megatron",
+        required=True,
+        help="dist checkpoint directory, or an RL checkpoint: step_N[/ROLE], checkpoints/[latest]",
+    )
+    parser.add_argument(
+        "--role", default="actor", help="the role folder to export from an RL step (default actor)"
+    )
+    parser.add_argument(
+        "--hf-config",
+        default=None,
+        help="HF model directory to take config.json and tokenizer from (default: the copy recorded "
+        "with the checkpoint); needed for RL checkpoints of DistFlow before the record",
+    )
     parser.add_argument("--out", required=True, help="HF model directory to write (replaced if present)")
-    parser.add_argument("--max-shard-size", type=parse_size, default="5GB",
-                        help="largest safetensors file, e.g. 5GB, 500MB (bounds memory too)")
-    parser.add_argument("--dtype", choices=DTYPE_NAMES, default=None,
-                        help="tensor dtype to write (default: the source HF checkpoint's)")
+    parser.add_argument(
+        "--max-shard-size",
+        type=parse_size,
+        default="5GB",
+        help="largest safetensors file, e.g. 5GB, 500MB (bounds memory too)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_NAMES,
+        default=None,
+        help="tensor dtype to write (default: the source HF checkpoint's)",
+    )
     parser.add_argument("--verify", action="store_true", help="compare the written files with the checkpoint")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -56,13 +73,21 @@ def main(argv=None) -> None:
 
     try:
         folder = resolve_model_folder(args.megatron, args.role)
-        summary = export_to_hf(folder, args.out, args.max_shard_size, args.dtype, progress=not args.no_progress,
-                               hf_source=args.hf_config)
+        summary = export_to_hf(
+            folder,
+            args.out,
+            args.max_shard_size,
+            args.dtype,
+            progress=not args.no_progress,
+            hf_source=args.hf_config,
+        )
     except (InvalidMegatronCheckpoint, CheckpointError) as error:
         print(f"convert_megatron_to_hf: {error}", file=sys.stderr)
         sys.exit(2)
-    print(f"wrote {args.out} from {folder}: {summary['tensors']} tensors, {summary['bytes'] / 2**20:.1f} MiB "
-          f"in {len(summary['files'])} file(s)")
+    print(
+        f"wrote {args.out} from {folder}: {summary['tensors']} tensors, {summary['bytes'] / 2**20:.1f} MiB "
+        f"in {len(summary['files'])} file(s)"
+    )
     if args.verify:
         problems = verify_export(folder, args.out, progress=not args.no_progress, hf_source=args.hf_config)
         if problems:

@@ -4,6 +4,7 @@ Example: python tools/plot_metrics.py outputs/run            # writes outputs/ru
 A panel whose metrics the run never logged is skipped. When a step was logged twice (a resumed run), the
 later entry wins.
 """
+
 import argparse
 import json
 import re
@@ -15,8 +16,11 @@ from pathlib import Path
 PANELS = {
     "reward": ("Reward", "reward", re.compile(r"^(reward|critic/score)/mean$|^val/(.+/)?reward/mean$")),
     "accuracy": ("Validation accuracy (reward >= 1)", "fraction", re.compile(r"^val/(.+/)?accuracy$")),
-    "response_length": ("Response length", "tokens",
-                        re.compile(r"^(rollout/)?response_length/(mean|max|min)$")),
+    "response_length": (
+        "Response length",
+        "tokens",
+        re.compile(r"^(rollout/)?response_length/(mean|max|min)$"),
+    ),
     "entropy": ("Policy entropy", "nats/token", re.compile(r"^actor/entropy$")),
     "kl": ("KL", "KL", re.compile(r"^actor/.*kl")),
     "throughput": ("Throughput", "tokens/s/GPU", re.compile(r"^perf/throughput$")),
@@ -32,7 +36,7 @@ def read_metrics(path: Path) -> dict[str, list[tuple[int, float]]]:
             step = int(record["step"])
         except (ValueError, KeyError, TypeError):
             continue
-        by_step.setdefault(step, {}).update(record)   # a later line for the same step wins
+        by_step.setdefault(step, {}).update(record)  # a later line for the same step wins
     series: dict[str, list[tuple[int, float]]] = {}
     for step in sorted(by_step):
         for key, value in by_step[step].items():

@@ -6,14 +6,18 @@ Examples:
   python tools/prepare_data.py math --input math_test.jsonl --out data/math       # MATH: problem, solution/answer
   python tools/prepare_data.py copy --out data/copy --digits 4 --train 9000 --test 200 --seed 1   # the toy task
 """
+
 import argparse
 
 from distflow.data import preparation
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     modes = parser.add_subparsers(dest="mode", required=True)
     sym = modes.add_parser("gsm_symbolic", help="GSM8K-style problems generated offline by reasoning-gym")
     sym.add_argument("--difficulty", type=float, default=1.0, help="reasoning-gym gsm_symbolic difficulty")
@@ -24,10 +28,14 @@ def main(argv=None) -> dict:
         generated.add_argument("--test", type=int, required=True, help="test rows (never in train)")
         generated.add_argument("--seed", type=int, default=1)
     for name, default_source in (("gsm8k", preparation.GSM8K_SOURCE), ("math", preparation.MATH_SOURCE)):
-        from_file = modes.add_parser(name, help=f"{name} records from a jsonl file or a datasets.save_to_disk dir")
+        from_file = modes.add_parser(
+            name, help=f"{name} records from a jsonl file or a datasets.save_to_disk dir"
+        )
         from_file.add_argument("--input", required=True)
         from_file.add_argument("--split", help="split name of a jsonl input (default: from the file name)")
-        from_file.add_argument("--data-source", default=default_source, help="data_source written in each row")
+        from_file.add_argument(
+            "--data-source", default=default_source, help="data_source written in each row"
+        )
     for mode in modes.choices.values():
         mode.add_argument("--out", required=True, help="output directory: <split>.parquet files")
     args = parser.parse_args(argv)

@@ -4,6 +4,7 @@ match where the run validated, entropy, and what the numbers mean for the copy t
 Example: python tools/summarize_run.py outputs/grpo_copy [--every 5]
 A step logged twice (a run resumed after a crash) counts once: the later entry wins (as tools/plot_metrics.py).
 """
+
 import argparse
 import sys
 from pathlib import Path
@@ -35,8 +36,10 @@ def summarize(run_dir: Path, every: int = 5) -> list[str]:
         lines.append(line)
     entropy = series.get("actor/entropy", {})
     if entropy:
-        lines.append(f"entropy {entropy[min(entropy)]:.2f} (step {min(entropy)}) -> {entropy[max(entropy)]:.2f} "
-                     f"(step {max(entropy)})")
+        lines.append(
+            f"entropy {entropy[min(entropy)]:.2f} (step {min(entropy)}) -> {entropy[max(entropy)]:.2f} "
+            f"(step {max(entropy)})"
+        )
     return lines
 
 

@@ -11,6 +11,7 @@ Which estimator runs is a record of distflow.config.algorithm, its function in d
 (`compute_advantages` there dispatches on `algorithm.adv_estimator`); the DAG's advantage nodes are
 distflow.nodes.advantage.
 """
+
 import torch
 
 from distflow.algorithms.aggregation import masked_whiten
@@ -40,8 +41,13 @@ def group_baseline(rewards: torch.Tensor, group_ids: GroupIds):
 
 
 @torch.no_grad()
-def grpo_advantages(rewards: torch.Tensor, group_ids: GroupIds, response_mask: torch.Tensor,
-                    norm_adv_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+def grpo_advantages(
+    rewards: torch.Tensor,
+    group_ids: GroupIds,
+    response_mask: torch.Tensor,
+    norm_adv_by_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
     """GRPO: (r - group mean) / (group std + eps), or r - group mean when not `norm_adv_by_std` (Dr. GRPO,
     which drops the std to avoid up-weighting near-uniform groups). A group of one has no baseline to
     compare against and gets advantage 0, as does a group whose rewards are all equal (exactly 0).
@@ -65,8 +71,9 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: GroupIds, response_mask: t
     return _broadcast(advantages.to(rewards.dtype), response_mask)
 
 
-def _generalised_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
-                            gamma: float, lam: float) -> torch.Tensor:
+def _generalised_advantages(
+    token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float, lam: float
+) -> torch.Tensor:
     """Raw GAE recursion, right to left over each row's response tokens; [batch, seq], 0 off the mask.
 
     Masked-out positions are not steps of the trajectory: they pass the carried V_next and A_next through
@@ -87,7 +94,9 @@ def _generalised_advantages(token_rewards: torch.Tensor, values: torch.Tensor, r
 
 
 @torch.no_grad()
-def discounted_returns(token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float) -> torch.Tensor:
+def discounted_returns(
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float
+) -> torch.Tensor:
     """G_t = r_t + gamma * G_(next response token), G = 0 after the last one; [batch, seq], 0 off the mask.
 
     This is GAE with V = 0 and lam = 1.
@@ -97,8 +106,9 @@ def discounted_returns(token_rewards: torch.Tensor, response_mask: torch.Tensor,
 
 
 @torch.no_grad()
-def reinforce_pp_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor,
-                            gamma: float = 1.0, whiten: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def reinforce_pp_advantages(
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0, whiten: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: token-level discounted returns of `token_rewards` (outcome reward on the last token, minus
     any KL penalty), whitened over the whole batch under the mask. Returns (advantages, returns).
     `whiten=False` returns the returns unwhitened as advantages, for a caller that whitens over a batch
@@ -109,8 +119,9 @@ def reinforce_pp_advantages(token_rewards: torch.Tensor, response_mask: torch.Te
 
 
 @torch.no_grad()
-def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_ids: GroupIds, response_mask: torch.Tensor,
-                                     whiten: bool = True) -> torch.Tensor:
+def reinforce_pp_baseline_advantages(
+    rewards: torch.Tensor, group_ids: GroupIds, response_mask: torch.Tensor, whiten: bool = True
+) -> torch.Tensor:
     """REINFORCE++ with baseline: r - group mean on every response token, then whitened over the batch.
 
     A group of one, or of equal rewards, has r - mean = 0 exactly before whitening (consistent with GRPO).
@@ -123,8 +134,14 @@ def reinforce_pp_baseline_advantages(rewards: torch.Tensor, group_ids: GroupIds,
 
 
 @torch.no_grad()
-def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
-                   gamma: float = 1.0, lam: float = 1.0, whiten: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def gae_advantages(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over the response tokens. Returns (advantages, returns).
 
     delta_t = r_t + gamma * V_next - V_t and A_t = delta_t + gamma * lam * A_next, where "next" is the next

@@ -4,6 +4,7 @@
 float. Masked-out entries are selected away with `torch.where` rather than multiplied by 0, so an inf or NaN
 in padding cannot leak into a result (0 * inf is NaN).
 """
+
 from typing import Optional
 
 import torch
@@ -43,8 +44,9 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -
     return torch.where(mask.bool(), whitened, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
-def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str,
-              norm_length: Optional[float] = None) -> torch.Tensor:
+def aggregate(
+    loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm_length: Optional[float] = None
+) -> torch.Tensor:
     """Reduce per-token losses `loss_mat` [batch, seq] under `mask` [batch, seq] to a scalar.
 
     Modes:

@@ -4,6 +4,7 @@ The Megatron worker computes entropy vocab-parallel (each tensor-parallel rank h
 vocabulary and the log-sum-exp is all-reduced); this single-device version is the reference its tests
 compare against.
 """
+
 import torch
 
 

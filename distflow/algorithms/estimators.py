@@ -7,13 +7,19 @@ token_level `fn(token_rewards, response_mask, **options) -> (advantages, returns
 `fn(token_rewards, values, response_mask, **options) -> (advantages, returns)`. An estimator whose record says
 `whitens` also takes `whiten=False` (the advantage node whitens over the batch of every rank itself).
 """
+
 from typing import Callable, Optional
 
 import torch
 
 from distflow.algorithms.advantages import (
-    _as_float, gae_advantages, grpo_advantages, reinforce_pp_advantages, reinforce_pp_baseline_advantages,
-    rloo_advantages)
+    _as_float,
+    gae_advantages,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+)
 from distflow.algorithms.aggregation import masked_sum
 from distflow.algorithms.groups import GroupIds
 from distflow.config.algorithm import ESTIMATOR_NAMES, ESTIMATORS, Estimator
@@ -27,8 +33,10 @@ ESTIMATOR_FUNCTIONS: dict[str, Callable] = {
 }
 # Checked at import: a record without a function (or the reverse) fails every entry point at once.
 if set(ESTIMATOR_FUNCTIONS) != set(ESTIMATORS):
-    raise ImportError(f"distflow.algorithms.estimators.ESTIMATOR_FUNCTIONS names {sorted(ESTIMATOR_FUNCTIONS)} but "
-                      f"distflow.config.algorithm.ESTIMATORS has {sorted(ESTIMATORS)}: give every record a function")
+    raise ImportError(
+        f"distflow.algorithms.estimators.ESTIMATOR_FUNCTIONS names {sorted(ESTIMATOR_FUNCTIONS)} but "
+        f"distflow.config.algorithm.ESTIMATORS has {sorted(ESTIMATORS)}: give every record a function"
+    )
 
 
 def estimator_options(estimator: Estimator, config) -> dict:
@@ -36,9 +44,13 @@ def estimator_options(estimator: Estimator, config) -> dict:
     return {name: getattr(config, name) for name in estimator.options}
 
 
-def compute_advantages(config, token_rewards: torch.Tensor, response_mask: torch.Tensor,
-                       group_ids: Optional[GroupIds] = None,
-                       values: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def compute_advantages(
+    config,
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_ids: Optional[GroupIds] = None,
+    values: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Advantages by `config.adv_estimator` (an `AlgorithmConfig` or anything with its fields), on local tensors
     (the DAG's advantage nodes, distflow.nodes.advantage, whiten across ranks instead).
 

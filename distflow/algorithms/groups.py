@@ -4,6 +4,7 @@
 Samples of a group need not be adjacent. Statistics are computed with index_add over dense group indices,
 so there is no Python loop over samples.
 """
+
 from typing import Sequence, Union
 
 import torch

@@ -6,6 +6,7 @@ With log r = ref_logprob - logprob (r = pi_ref / pi on the sampled token):
   k3 = r - 1 - log r           unbiased and >= 0 per token, low variance (Schulman's "k3").
 All three are exactly 0 where logprob == ref_logprob, so the first step's KL is exactly 0.
 """
+
 import torch
 
 KL_ESTIMATORS = ("k1", "k2", "k3")

@@ -6,6 +6,7 @@ policy that sampled, or the one before this update: no gradient), `advantages` (
 detached 0-d tensors (no device sync here) and always token-level means over the mask, whatever the
 aggregation mode of the loss.
 """
+
 from typing import Optional
 
 import torch
@@ -18,17 +19,25 @@ from distflow.algorithms.kl import kl_divergence
 LOG_RATIO_BOUND = 20.0
 
 
-def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_ratio_low: float,
-                       clip_ratio_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_ratio_low: float, clip_ratio_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token max(-A r, -A clip(r, 1 - low, 1 + high)) and where the clipped branch is the larger."""
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
-def ppo_clip_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
-                  response_mask: torch.Tensor, clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
-                  clip_ratio_c: Optional[float] = 3.0, loss_agg_mode: str = "token-mean"):
+def ppo_clip_loss(
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: Optional[float] = 3.0,
+    loss_agg_mode: str = "token-mean",
+):
     """PPO's clipped surrogate with asymmetric clip range (DAPO clip-higher) and dual-clip.
 
     Per token, r = exp(logprob - old_logprob):
@@ -42,7 +51,9 @@ def ppo_clip_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: 
       ratio_mean         mean ratio.
     """
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1 (it caps -A * r above the clipped loss), got {clip_ratio_c}")
+        raise ValueError(
+            f"clip_ratio_c must be > 1 (it caps -A * r above the clipped loss), got {clip_ratio_c}"
+        )
     log_ratio = logprob - old_logprob
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     token_loss, clipped = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
@@ -62,9 +73,15 @@ def ppo_clip_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: 
     return aggregate(token_loss, response_mask, loss_agg_mode), {k: v.detach() for k, v in metrics.items()}
 
 
-def gspo_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
-              response_mask: torch.Tensor, clip_ratio_low: float = 3e-4, clip_ratio_high: float = 4e-4,
-              loss_agg_mode: str = "seq-mean-token-mean"):
+def gspo_loss(
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float = 3e-4,
+    clip_ratio_high: float = 4e-4,
+    loss_agg_mode: str = "seq-mean-token-mean",
+):
     """GSPO (Group Sequence Policy Optimization): PPO clipping on a sequence-level importance ratio.
 
     Sequence ratio s_i = (pi(y_i) / pi_old(y_i))^(1/|y_i|) = exp(mean over the response tokens of
@@ -90,9 +107,15 @@ def gspo_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torc
     return aggregate(token_loss, response_mask, loss_agg_mode), {k: v.detach() for k, v in metrics.items()}
 
 
-def policy_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor,
-                response_mask: torch.Tensor, config, entropy: Optional[torch.Tensor] = None,
-                ref_logprob: Optional[torch.Tensor] = None):
+def policy_loss(
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    config,
+    entropy: Optional[torch.Tensor] = None,
+    ref_logprob: Optional[torch.Tensor] = None,
+):
     """The actor's full loss as configured by `config` (an `AlgorithmConfig`, or anything with its fields).
 
     loss = pg_loss - entropy_coef * aggregate(entropy) + kl_coef * aggregate(kl(logprob, ref_logprob))
@@ -106,11 +129,26 @@ def policy_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: to
     """
     mode = config.loss_agg_mode
     if config.policy_loss == "ppo":
-        pg_loss, metrics = ppo_clip_loss(logprob, old_logprob, advantages, response_mask, config.clip_ratio_low,
-                                         config.clip_ratio_high, config.clip_ratio_c, mode)
+        pg_loss, metrics = ppo_clip_loss(
+            logprob,
+            old_logprob,
+            advantages,
+            response_mask,
+            config.clip_ratio_low,
+            config.clip_ratio_high,
+            config.clip_ratio_c,
+            mode,
+        )
     elif config.policy_loss == "gspo":
-        pg_loss, metrics = gspo_loss(logprob, old_logprob, advantages, response_mask, config.clip_ratio_low,
-                                     config.clip_ratio_high, mode)
+        pg_loss, metrics = gspo_loss(
+            logprob,
+            old_logprob,
+            advantages,
+            response_mask,
+            config.clip_ratio_low,
+            config.clip_ratio_high,
+            mode,
+        )
     else:
         raise ValueError(f"unknown policy_loss {config.policy_loss!r}; valid: ppo, gspo")
     metrics = {"pg_loss": pg_loss.detach(), **metrics}

@@ -2,6 +2,7 @@
 
 Token rewards are [batch, seq] tensors aligned with `response_mask`; they are 0 off the mask.
 """
+
 import torch
 
 from distflow.algorithms.kl import kl_divergence
@@ -27,8 +28,14 @@ def outcome_token_rewards(rewards: torch.Tensor, response_mask: torch.Tensor) ->
 
 
 @torch.no_grad()
-def apply_kl_penalty(token_rewards: torch.Tensor, logprob: torch.Tensor, ref_logprob: torch.Tensor,
-                     kl_coef: float, estimator: str, mask: torch.Tensor) -> torch.Tensor:
+def apply_kl_penalty(
+    token_rewards: torch.Tensor,
+    logprob: torch.Tensor,
+    ref_logprob: torch.Tensor,
+    kl_coef: float,
+    estimator: str,
+    mask: torch.Tensor,
+) -> torch.Tensor:
     """token_rewards - kl_coef * KL_t on the masked tokens (algorithm.kl_in_reward): the KL to the reference
     becomes part of the return instead of a loss term. Returns a new [batch, seq] tensor without gradient.
     """
@@ -36,8 +43,9 @@ def apply_kl_penalty(token_rewards: torch.Tensor, logprob: torch.Tensor, ref_log
     return token_rewards - kl_coef * penalty
 
 
-def overlong_penalty(response_lengths: torch.Tensor, max_len: int, buffer_len: int,
-                     factor: float) -> torch.Tensor:
+def overlong_penalty(
+    response_lengths: torch.Tensor, max_len: int, buffer_len: int, factor: float
+) -> torch.Tensor:
     """DAPO's soft overlong punishment, a reward term [batch] added to the outcome reward.
 
     0 while length <= max_len - buffer_len, then linear down to -factor at max_len (and -factor beyond, should

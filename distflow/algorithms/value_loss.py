@@ -1,4 +1,5 @@
 """The critic's loss: PPO's clipped value regression."""
+
 from typing import Optional
 
 import torch
@@ -6,9 +7,14 @@ import torch
 from distflow.algorithms.aggregation import aggregate, masked_mean
 
 
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-               response_mask: torch.Tensor, clip_range: Optional[float] = 0.5,
-               loss_agg_mode: str = "token-mean"):
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_range: Optional[float] = 0.5,
+    loss_agg_mode: str = "token-mean",
+):
     """0.5 * max((v - R)^2, (v_clip - R)^2) per token, aggregated; v_clip = old + clamp(v - old, +-clip_range).
 
     `values` [batch, seq]: the critic's current predictions (carry the gradient); `old_values`: its
@@ -26,5 +32,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         clipped_error = (clipped_values - returns).square()
         token_loss, clipped = torch.maximum(unclipped_error, clipped_error), clipped_error > unclipped_error
     loss = 0.5 * aggregate(token_loss, response_mask, loss_agg_mode)
-    return loss, {"vf_loss": loss.detach(),
-                  "vf_clipfrac": masked_mean(clipped.to(values.dtype), response_mask).detach()}
+    return loss, {
+        "vf_loss": loss.detach(),
+        "vf_clipfrac": masked_mean(clipped.to(values.dtype), response_mask).detach(),
+    }

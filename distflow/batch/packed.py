@@ -8,6 +8,7 @@ well enough for a receiver to preallocate it from row counts alone.
 ids, ground truth, data source): they travel with the batch on the rank that made it (subsets keep theirs)
 and never move between layouts, where only the tensors go.
 """
+
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
@@ -27,7 +28,9 @@ class FieldSchema:
 
     def describe(self) -> str:
         kind = "ragged" if self.ragged else "fixed"
-        return f"{str(self.dtype).removeprefix('torch.')}[{kind}{''.join(f', {d}' for d in self.inner_shape)}]"
+        return (
+            f"{str(self.dtype).removeprefix('torch.')}[{kind}{''.join(f', {d}' for d in self.inner_shape)}]"
+        )
 
     def encode(self) -> list:
         return [str(self.dtype).removeprefix("torch."), list(self.inner_shape), self.ragged]
@@ -64,12 +67,14 @@ def copy_runs(dst: torch.Tensor, dst_starts, src: torch.Tensor, src_starts, coun
         return
     ends = np.cumsum(counts)
     follows = np.zeros(len(counts), dtype=bool)
-    follows[1:] = (src_starts[1:] == src_starts[:-1] + counts[:-1]) & (dst_starts[1:] == dst_starts[:-1] + counts[:-1])
+    follows[1:] = (src_starts[1:] == src_starts[:-1] + counts[:-1]) & (
+        dst_starts[1:] == dst_starts[:-1] + counts[:-1]
+    )
     heads = np.flatnonzero(~follows)
     run_rows = np.diff(np.append(ends[heads] - counts[heads], ends[-1]))
     if len(heads) <= 32 or run_rows.mean() >= 256:
         for d, s_, n in zip(dst_starts[heads].tolist(), src_starts[heads].tolist(), run_rows.tolist()):
-            dst[d:d + n].copy_(src[s_:s_ + n])
+            dst[d : d + n].copy_(src[s_ : s_ + n])
         return
     device = dst.device
     rows_src = row_index(torch.from_numpy(src_starts), torch.from_numpy(counts)).to(src.device)
@@ -80,14 +85,22 @@ def copy_runs(dst: torch.Tensor, dst_starts, src: torch.Tensor, src_starts, coun
 class PackedBatch:
     """Samples held by one rank. Construct with tensors; `from_samples` builds it from per-sample tensors."""
 
-    def __init__(self, sample_ids, groups, lengths, fields: Mapping[str, torch.Tensor],
-                 row_counts: Optional[Mapping[str, torch.Tensor]] = None, infos: Optional[Mapping[int, Any]] = None):
+    def __init__(
+        self,
+        sample_ids,
+        groups,
+        lengths,
+        fields: Mapping[str, torch.Tensor],
+        row_counts: Optional[Mapping[str, torch.Tensor]] = None,
+        infos: Optional[Mapping[int, Any]] = None,
+    ):
         self.sample_ids = torch.as_tensor(sample_ids, dtype=torch.long).reshape(-1)
         self.groups = torch.as_tensor(groups, dtype=torch.long).reshape(-1)
         self.lengths = torch.as_tensor(lengths, dtype=torch.long).reshape(-1)
         self.fields = {name: t.contiguous() for name, t in fields.items()}
-        self.row_counts = {name: torch.as_tensor(c, dtype=torch.long).reshape(-1)
-                           for name, c in (row_counts or {}).items()}
+        self.row_counts = {
+            name: torch.as_tensor(c, dtype=torch.long).reshape(-1) for name, c in (row_counts or {}).items()
+        }
         n = len(self.sample_ids)
         self.infos = None
         if infos is not None:  # restricted to this batch's samples, so a subset carries only its own
@@ -96,7 +109,9 @@ class PackedBatch:
                 raise ValueError(f"infos lack sample ids {missing[:5]} ({len(missing)} of {n})")
             self.infos = {i: infos[i] for i in self.sample_ids.tolist()}
         if len(self.groups) != n or len(self.lengths) != n:
-            raise ValueError(f"{n} sample ids but {len(self.groups)} group ids and {len(self.lengths)} lengths")
+            raise ValueError(
+                f"{n} sample ids but {len(self.groups)} group ids and {len(self.lengths)} lengths"
+            )
         for name in self.row_counts:
             if name not in self.fields:
                 raise ValueError(f"row counts given for {name!r}, which is not a field")
@@ -106,14 +121,21 @@ class PackedBatch:
                 if t.dim() == 0 or t.shape[0] != n:
                     raise ValueError(f"fixed field {name!r} has shape {tuple(t.shape)}; it needs [{n}, ...]")
             elif len(counts) != n or (t.dim() == 0) or t.shape[0] != int(counts.sum()):
-                raise ValueError(f"ragged field {name!r} has {t.shape[0] if t.dim() else 0} rows but its "
-                                 f"{len(counts)} row counts sum to {int(counts.sum())} ({n} samples)")
+                raise ValueError(
+                    f"ragged field {name!r} has {t.shape[0] if t.dim() else 0} rows but its "
+                    f"{len(counts)} row counts sum to {int(counts.sum())} ({n} samples)"
+                )
 
     @classmethod
-    def from_samples(cls, sample_ids: Sequence[int], groups: Sequence[int],
-                     fields: Mapping[str, Sequence[torch.Tensor] | torch.Tensor],
-                     lengths: Optional[Sequence[int]] = None, length_field: str = "input_ids",
-                     infos: Optional[Mapping[int, Any]] = None) -> "PackedBatch":
+    def from_samples(
+        cls,
+        sample_ids: Sequence[int],
+        groups: Sequence[int],
+        fields: Mapping[str, Sequence[torch.Tensor] | torch.Tensor],
+        lengths: Optional[Sequence[int]] = None,
+        length_field: str = "input_ids",
+        infos: Optional[Mapping[int, Any]] = None,
+    ) -> "PackedBatch":
         """A field given as a list of per-sample tensors is ragged (concatenated, rows = dim 0 of each);
         a field given as one tensor [n, ...] is fixed. lengths default to the row counts of `length_field`."""
         packed, counts = {}, {}
@@ -132,7 +154,9 @@ class PackedBatch:
 
     @classmethod
     def empty(cls, schema: Mapping[str, FieldSchema], device="cpu") -> "PackedBatch":
-        fields = {n: torch.zeros((0, *s.inner_shape), dtype=s.dtype, device=device) for n, s in schema.items()}
+        fields = {
+            n: torch.zeros((0, *s.inner_shape), dtype=s.dtype, device=device) for n, s in schema.items()
+        }
         zeros = torch.zeros(0, dtype=torch.long)
         return cls(zeros, zeros, zeros, fields, {n: zeros for n, s in schema.items() if s.ragged})
 
@@ -140,13 +164,21 @@ class PackedBatch:
     def concat(cls, batches: Sequence["PackedBatch"]) -> "PackedBatch":
         """The batches' samples back to back (same fields in each; infos when every batch has them)."""
         first = batches[0]
-        cat = lambda xs: torch.cat(list(xs))
+
+        def cat(xs):
+            return torch.cat(list(xs))
+
         infos = None
         if all(b.infos is not None for b in batches):
             infos = {i: info for b in batches for i, info in b.infos.items()}
-        return cls(cat(b.sample_ids for b in batches), cat(b.groups for b in batches),
-                   cat(b.lengths for b in batches), {n: cat(b.fields[n] for b in batches) for n in first.fields},
-                   {n: cat(b.row_counts[n] for b in batches) for n in first.row_counts}, infos)
+        return cls(
+            cat(b.sample_ids for b in batches),
+            cat(b.groups for b in batches),
+            cat(b.lengths for b in batches),
+            {n: cat(b.fields[n] for b in batches) for n in first.fields},
+            {n: cat(b.row_counts[n] for b in batches) for n in first.row_counts},
+            infos,
+        )
 
     def __len__(self) -> int:
         return len(self.sample_ids)
@@ -160,8 +192,10 @@ class PackedBatch:
         return sum(t.numel() * t.element_size() for t in self.fields.values())
 
     def schema(self) -> dict[str, FieldSchema]:
-        return {name: FieldSchema(t.dtype, tuple(t.shape[1:]), name in self.row_counts)
-                for name, t in sorted(self.fields.items())}
+        return {
+            name: FieldSchema(t.dtype, tuple(t.shape[1:]), name in self.row_counts)
+            for name, t in sorted(self.fields.items())
+        }
 
     def rows(self, name: str) -> torch.Tensor:
         """Rows per sample of field `name` (ones for a fixed field)."""
@@ -184,7 +218,7 @@ class PackedBatch:
         for name, t in self.fields.items():
             if name in self.row_counts:
                 start = int(self.offsets(name)[i])
-                out[name] = t[start:start + int(self.row_counts[name][i])]
+                out[name] = t[start : start + int(self.row_counts[name][i])]
             else:
                 out[name] = t[i]
         return out
@@ -193,13 +227,19 @@ class PackedBatch:
         """The samples at `positions` (in that order), with `fields` (default: all)."""
         positions = torch.as_tensor(positions, dtype=torch.long)
         out = {}
-        for name in (self.fields if fields is None else fields):
+        for name in self.fields if fields is None else fields:
             src = self.fields[name]
             rows = self.rows(name)[positions].numpy()
             out[name] = torch.empty((int(rows.sum()), *src.shape[1:]), dtype=src.dtype, device=src.device)
             copy_runs(out[name], np.cumsum(rows) - rows, src, self.offsets(name)[positions].numpy(), rows)
-        return PackedBatch(self.sample_ids[positions], self.groups[positions], self.lengths[positions], out,
-                           {n: self.row_counts[n][positions] for n in out if n in self.row_counts}, self.infos)
+        return PackedBatch(
+            self.sample_ids[positions],
+            self.groups[positions],
+            self.lengths[positions],
+            out,
+            {n: self.row_counts[n][positions] for n in out if n in self.row_counts},
+            self.infos,
+        )
 
     def sorted_by_id(self) -> "PackedBatch":
         order = torch.argsort(self.sample_ids, stable=True)
@@ -211,11 +251,16 @@ class PackedBatch:
         """Bit equality of metadata and every field (NaNs compare by their bits)."""
         if set(self.fields) != set(other.fields) or set(self.row_counts) != set(other.row_counts):
             return False
-        pairs = [(self.sample_ids, other.sample_ids), (self.groups, other.groups), (self.lengths, other.lengths)]
+        pairs = [
+            (self.sample_ids, other.sample_ids),
+            (self.groups, other.groups),
+            (self.lengths, other.lengths),
+        ]
         pairs += [(self.row_counts[n], other.row_counts[n]) for n in self.row_counts]
         pairs += [(self.fields[n], other.fields[n]) for n in self.fields]
-        return all(a.dtype == b.dtype and a.shape == b.shape and
-                   torch.equal(_bits(a), _bits(b)) for a, b in pairs)
+        return all(
+            a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b)) for a, b in pairs
+        )
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

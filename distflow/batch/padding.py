@@ -1,4 +1,5 @@
 """The padded view of a PackedBatch that the Megatron workers take ([B, S] right-padded tensors), and back."""
+
 import torch
 
 from distflow.batch.packed import PackedBatch
@@ -36,5 +37,6 @@ def from_padded(samples: PackedBatch, padded: dict[str, torch.Tensor]) -> Packed
     width = max((t.shape[1] for t in padded.values()), default=0)
     real = torch.arange(width)[None, :] < lengths[:, None]
     fields = {name: t[real] for name, t in padded.items()}
-    return PackedBatch(samples.sample_ids, samples.groups, samples.lengths, fields,
-                       {name: lengths for name in fields})
+    return PackedBatch(
+        samples.sample_ids, samples.groups, samples.lengths, fields, {name: lengths for name in fields}
+    )

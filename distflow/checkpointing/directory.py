@@ -9,6 +9,7 @@ A save writes everything into the staging folder, renames it to step_<N> (atomic
 then replaces `latest` atomically (temp file + os.replace). A crash at any point leaves `latest` naming
 the previous complete checkpoint, which is therefore never pruned before the new one is committed.
 """
+
 import os
 import re
 import shutil
@@ -50,7 +51,9 @@ class CheckpointDirectory:
         final = self.final(step)
         if final.exists():  # the same step saved again (a rerun after a crash between commit and latest)
             if self.latest() == final:
-                raise CheckpointError(f"{final} exists and is the latest checkpoint; refusing to overwrite it")
+                raise CheckpointError(
+                    f"{final} exists and is the latest checkpoint; refusing to overwrite it"
+                )
             shutil.rmtree(final)
         os.replace(self.staging(step), final)
         _fsync_dir(self.root)
@@ -71,15 +74,19 @@ class CheckpointDirectory:
             return None
         name = pointer.read_text().strip()
         if not _STEP_DIR.match(name) or not (self.root / name / META_FILE).is_file():
-            raise CheckpointError(f"{pointer} names {name!r}, which is not a complete checkpoint folder "
-                                  f"(expected step_<N> with {META_FILE} in {self.root})")
+            raise CheckpointError(
+                f"{pointer} names {name!r}, which is not a complete checkpoint folder "
+                f"(expected step_<N> with {META_FILE} in {self.root})"
+            )
         return self.root / name
 
     def complete_steps(self) -> list[int]:
         """Steps of the complete checkpoint folders, ascending."""
         if not self.root.is_dir():
             return []
-        steps = [int(m.group(1)) for p in self.root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+        steps = [
+            int(m.group(1)) for p in self.root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()
+        ]
         return sorted(steps)
 
     def prune(self, keep_last: int) -> None:
@@ -102,20 +109,26 @@ def resolve_resume(resume: str, output_dir) -> Path | None:
         return own.latest()
     if resume == "never":
         if own.complete_steps():
-            raise CheckpointError(f"checkpoint.resume=never but {own.root} already holds checkpoints "
-                                  f"{own.complete_steps()}, which this run would overwrite; use "
-                                  "checkpoint.resume=auto to continue it, or another trainer.output_dir")
+            raise CheckpointError(
+                f"checkpoint.resume=never but {own.root} already holds checkpoints "
+                f"{own.complete_steps()}, which this run would overwrite; use "
+                "checkpoint.resume=auto to continue it, or another trainer.output_dir"
+            )
         return None
     path = Path(resume)
     if not path.exists():
-        raise CheckpointError(f"checkpoint.resume={resume!r}: no such file or folder (expected auto, never, a "
-                              "step_<N> checkpoint folder or a run's checkpoints/ folder)")
+        raise CheckpointError(
+            f"checkpoint.resume={resume!r}: no such file or folder (expected auto, never, a "
+            "step_<N> checkpoint folder or a run's checkpoints/ folder)"
+        )
     if (path / META_FILE).is_file():
         return path
     if (path / LATEST_FILE).is_file():
         return CheckpointDirectory(path).latest()
-    raise CheckpointError(f"checkpoint.resume={resume!r} is not a DistFlow checkpoint: it has no {META_FILE} "
-                          f"(a step_<N> folder) and no {LATEST_FILE} file (a checkpoints/ folder)")
+    raise CheckpointError(
+        f"checkpoint.resume={resume!r} is not a DistFlow checkpoint: it has no {META_FILE} "
+        f"(a step_<N> folder) and no {LATEST_FILE} file (a checkpoints/ folder)"
+    )
 
 
 def _fsync_dir(path: Path) -> None:

@@ -7,6 +7,7 @@ for its roles (`record_hf_source`, called at save). `resolve_model_folder` turns
 RL checkpoints written before the source was recorded hold no SOURCE_FILE: export needs the HF model
 directory then (`--hf-config`, the run's model.path).
 """
+
 import json
 from pathlib import Path
 
@@ -43,12 +44,16 @@ def resolve_model_folder(path, role: str = "actor", field: str = "--megatron") -
             if (step / name / DCP_INDEX).is_file():
                 return step / name
         held = sorted(p.name for p in step.iterdir() if (p / DCP_INDEX).is_file())
-        raise CheckpointError(f"{field}={path}: the checkpoint {step} holds no {' or '.join(candidates)} model "
-                              f"(it holds {held or 'none'}); pass one of its role folders")
-    raise CheckpointError(f"{field}={path} is not a Megatron dist checkpoint (no {DCP_INDEX}), nor a DistFlow "
-                          f"checkpoint (no {META_FILE}: a step_<N> folder; no {LATEST_FILE}: a checkpoints/ "
-                          "folder); expected the output of tools/convert_hf_to_megatron.py or "
-                          "<output_dir>/checkpoints[/step_<N>[/actor]]")
+        raise CheckpointError(
+            f"{field}={path}: the checkpoint {step} holds no {' or '.join(candidates)} model "
+            f"(it holds {held or 'none'}); pass one of its role folders"
+        )
+    raise CheckpointError(
+        f"{field}={path} is not a Megatron dist checkpoint (no {DCP_INDEX}), nor a DistFlow "
+        f"checkpoint (no {META_FILE}: a step_<N> folder; no {LATEST_FILE}: a checkpoints/ "
+        "folder); expected the output of tools/convert_hf_to_megatron.py or "
+        "<output_dir>/checkpoints[/step_<N>[/actor]]"
+    )
 
 
 def record_hf_source(folder: Path, worker, role: str, step: int) -> None:

@@ -1,5 +1,6 @@
 """Every random generator of this rank, captured and restored (python, numpy, torch CPU, CUDA, Megatron's
 tensor-parallel tracker), so that a resumed run draws the same numbers as one that never stopped."""
+
 import random
 
 import numpy as np
@@ -8,9 +9,13 @@ import torch
 
 def capture_rng_state() -> dict:
     """This rank's generator states (plain Python objects and CPU tensors, for torch.save)."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-             "megatron_tracker": _megatron_tracker_states()}
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "megatron_tracker": _megatron_tracker_states(),
+    }
     return state
 
 

@@ -9,6 +9,7 @@ One checkpoint folder (step_<N>, see directory.py) holds:
 Every rank calls save/restore together. Resuming needs the same world size, layouts and model: the per-rank
 files are tied to ranks (a different layout gets a CheckpointError naming what differs).
 """
+
 import dataclasses
 import json
 from pathlib import Path
@@ -25,8 +26,16 @@ from distflow.checkpointing.worker_state import load_worker, save_worker
 FORMAT = "distflow-training-checkpoint"
 FORMAT_VERSION = 1
 # The HF config fields that identify a model's architecture (a checkpoint of another model cannot load).
-MODEL_FIELDS = ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                 "intermediate_size", "vocab_size", "tie_word_embeddings")
+MODEL_FIELDS = (
+    "architectures",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "tie_word_embeddings",
+)
 
 
 class Checkpointer:
@@ -43,7 +52,9 @@ class Checkpointer:
         if cfg.keep_last < 1:
             raise CheckpointError(f"checkpoint.keep_last={cfg.keep_last}: keep at least 1 checkpoint")
         if cfg.save_every < 0:
-            raise CheckpointError(f"checkpoint.save_every={cfg.save_every}: 0 (only at the end) or a step count")
+            raise CheckpointError(
+                f"checkpoint.save_every={cfg.save_every}: 0 (only at the end) or a step count"
+            )
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.directory = CheckpointDirectory.of_run(output_dir)
         self.resume_from = resolve_resume(cfg.resume, output_dir)
@@ -73,7 +84,9 @@ class Checkpointer:
             worker.scheduler.load_state_dict(state["schedulers"][role])
         if loader is not None:
             if state["loader"] is None:
-                raise CheckpointError(f"{rank_file}: holds no prompt-loader state but rank {self.rank} reads prompts")
+                raise CheckpointError(
+                    f"{rank_file}: holds no prompt-loader state but rank {self.rank} reads prompts"
+                )
             loader.load_state_dict(state["loader"])
         restore_rng_state(state["rng"])
         return int(self.meta["step"])
@@ -92,15 +105,26 @@ class Checkpointer:
         dist.barrier()
         for role, worker in workers.items():
             save_worker(worker, staging / role)
-        torch.save({"rng": capture_rng_state(), "loader": loader.state_dict() if loader is not None else None,
-                    "schedulers": {role: w.scheduler.state_dict() for role, w in _trained(workers).items()}},
-                   staging / f"rank_{self.rank}.pt")
+        torch.save(
+            {
+                "rng": capture_rng_state(),
+                "loader": loader.state_dict() if loader is not None else None,
+                "schedulers": {role: w.scheduler.state_dict() for role, w in _trained(workers).items()},
+            },
+            staging / f"rank_{self.rank}.pt",
+        )
         dist.barrier()
         if self.rank == 0:
             for role, worker in workers.items():
                 record_hf_source(staging / role, worker, role, step)
-            meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step, "run_id": run_id,
-                    **describe_run(workers, self.world_size), **extra}
+            meta = {
+                "format": FORMAT,
+                "format_version": FORMAT_VERSION,
+                "step": step,
+                "run_id": run_id,
+                **describe_run(workers, self.world_size),
+                **extra,
+            }
             (staging / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
             self.directory.commit(step, self.cfg.keep_last)
         dist.barrier()
@@ -116,8 +140,10 @@ def describe_run(workers: dict, world_size: int) -> dict:
     roles = {}
     for role, worker in workers.items():
         config = worker.checkpoint.config
-        roles[role] = {"layout": dataclasses.asdict(worker.layout),
-                       "model": {k: config.get(k) for k in MODEL_FIELDS}}
+        roles[role] = {
+            "layout": dataclasses.asdict(worker.layout),
+            "model": {k: config.get(k) for k in MODEL_FIELDS},
+        }
     return {"world_size": world_size, "roles": roles}
 
 
@@ -126,11 +152,14 @@ def read_meta(path: Path) -> dict:
     try:
         meta = json.loads(meta_file.read_text())
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"{meta_file}: unreadable ({err}); expected the {META_FILE} of a DistFlow "
-                              "checkpoint") from err
+        raise CheckpointError(
+            f"{meta_file}: unreadable ({err}); expected the {META_FILE} of a DistFlow checkpoint"
+        ) from err
     if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{meta_file}: format {meta.get('format')!r} version {meta.get('format_version')!r}; "
-                              f"expected {FORMAT!r} version {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"{meta_file}: format {meta.get('format')!r} version {meta.get('format_version')!r}; "
+            f"expected {FORMAT!r} version {FORMAT_VERSION}"
+        )
     return meta
 
 
@@ -147,10 +176,17 @@ def check_compatible(path: Path, meta: dict, now: dict) -> None:
     for role in sorted(saved & current):
         for part in ("layout", "model"):
             was, is_ = meta["roles"][role][part], now["roles"][role][part]
-            diff = {k: (was.get(k), is_.get(k)) for k in sorted(set(was) | set(is_)) if was.get(k) != is_.get(k)}
+            diff = {
+                k: (was.get(k), is_.get(k)) for k in sorted(set(was) | set(is_)) if was.get(k) != is_.get(k)
+            }
             if diff:
-                problems.append(f"{role} {part}: " + ", ".join(f"{k}={a} (now {b})" for k, (a, b) in diff.items()))
+                problems.append(
+                    f"{role} {part}: " + ", ".join(f"{k}={a} (now {b})" for k, (a, b) in diff.items())
+                )
     if problems:
-        raise CheckpointError(f"cannot resume from {path}: it was written by a different run: "
-                              + "; ".join(problems) + ". Resume with the same layout and model, or start fresh "
-                              "(checkpoint.resume=never with another trainer.output_dir)")
+        raise CheckpointError(
+            f"cannot resume from {path}: it was written by a different run: "
+            + "; ".join(problems)
+            + ". Resume with the same layout and model, or start fresh "
+            "(checkpoint.resume=never with another trainer.output_dir)"
+        )

@@ -12,6 +12,7 @@ sharded formats for it either need CUDA (fully_reshardable), are refused by its 
 resume needs the same layout anyway (checked against meta.json). The LR scheduler's state is small and
 identical on every rank: it travels in the per-rank file (see trainer_state.py).
 """
+
 import warnings
 from pathlib import Path
 
@@ -53,7 +54,9 @@ def load_worker(worker, folder: Path) -> None:
     if distributed:
         path = folder / f"optimizer_rank{dist.get_rank()}.pt"
         if not path.is_file():
-            raise CheckpointError(f"{folder}: no {path.name} (rank {dist.get_rank()}'s distributed-optimizer shard)")
+            raise CheckpointError(
+                f"{folder}: no {path.name} (rank {dist.get_rank()}'s distributed-optimizer shard)"
+            )
         for opt, saved in zip(distributed, torch.load(path, weights_only=False)):
             _load_local_state(opt, saved)
     elif worker.trains:
@@ -77,15 +80,20 @@ def _distributed_optimizers(worker) -> list:
         return []
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-    return [o for o in getattr(worker.optimizer, "chained_optimizers", [worker.optimizer])
-            if isinstance(o, DistributedOptimizer)]
+    return [
+        o
+        for o in getattr(worker.optimizer, "chained_optimizers", [worker.optimizer])
+        if isinstance(o, DistributedOptimizer)
+    ]
 
 
 def _local_state(opt) -> dict:
     """This rank's shard: torch Adam's state (moments, step) and the fp32 masters of low-precision params
     (fp32 params are their own masters: the model checkpoint holds them)."""
-    return {"adam": opt.optimizer.state_dict(),
-            "fp32_masters": [[p.detach().clone() for p in group] for group in opt.shard_fp32_from_float16_groups]}
+    return {
+        "adam": opt.optimizer.state_dict(),
+        "fp32_masters": [[p.detach().clone() for p in group] for group in opt.shard_fp32_from_float16_groups],
+    }
 
 
 def _load_local_state(opt, saved: dict) -> None:

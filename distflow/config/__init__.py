@@ -1,4 +1,5 @@
 """DistFlow's typed config: YAML + dotted overrides -> DistFlowConfig, validated before any process starts."""
+
 from distflow.config.loader import ConfigError, load_config
 from distflow.config.schema import DistFlowConfig
 from distflow.config.validate import validate

@@ -3,6 +3,7 @@
     --config-only skips the files.
 `python -m distflow.config docs`: print every field with its type (choices too), default and documentation.
 `python -m distflow.config verl-keys [--markdown]`: print the verl -> DistFlow key map."""
+
 import argparse
 import dataclasses
 import sys
@@ -17,13 +18,19 @@ from distflow.config.verl_keys import render_markdown, render_table
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distflow.config", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m distflow.config",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     show = sub.add_parser("show", help="print the resolved config")
     show.add_argument("args", nargs="*", help="[CONFIG.yaml] [section.key=value ...]")
-    show.add_argument("--config-only", action="store_true",
-                      help="check the config alone, not the data, model and scorer files it names")
+    show.add_argument(
+        "--config-only",
+        action="store_true",
+        help="check the config alone, not the data, model and scorer files it names",
+    )
     sub.add_parser("docs", help="print every field with its documentation")
     verl = sub.add_parser("verl-keys", help="print the verl -> DistFlow config key map")
     verl.add_argument("--markdown", action="store_true", help="as docs/verl_key_map.md")

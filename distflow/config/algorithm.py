@@ -6,6 +6,7 @@ the advantage computation (distflow.algorithms.estimators, which holds each reco
 from it. Torch-free and at the config layer: the layout, the config docs and the pre-flight read it.
 A new estimator is one record here and its function in distflow.algorithms.estimators.ESTIMATOR_FUNCTIONS.
 """
+
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,14 +35,27 @@ class Estimator:
 
 
 # The order is the config docs' order of the choices.
-ESTIMATORS = {e.name: e for e in (
-    Estimator("grpo", "outcome", pipelines=("grpo", "dapo"), options=("norm_adv_by_std",)),
-    Estimator("gae", "gae", pipelines=("ppo",), kl_in_reward=True, whitens=True, options=("gamma", "lam")),
-    Estimator("rloo", "outcome", pipelines=("grpo", "rloo", "dapo")),
-    Estimator("reinforce_pp", "token_level", pipelines=("grpo", "reinforce_pp"), kl_in_reward=True, whitens=True,
-              options=("gamma",)),
-    Estimator("reinforce_pp_baseline", "outcome", pipelines=("grpo", "reinforce_pp", "dapo"), whitens=True),
-)}
+ESTIMATORS = {
+    e.name: e
+    for e in (
+        Estimator("grpo", "outcome", pipelines=("grpo", "dapo"), options=("norm_adv_by_std",)),
+        Estimator(
+            "gae", "gae", pipelines=("ppo",), kl_in_reward=True, whitens=True, options=("gamma", "lam")
+        ),
+        Estimator("rloo", "outcome", pipelines=("grpo", "rloo", "dapo")),
+        Estimator(
+            "reinforce_pp",
+            "token_level",
+            pipelines=("grpo", "reinforce_pp"),
+            kl_in_reward=True,
+            whitens=True,
+            options=("gamma",),
+        ),
+        Estimator(
+            "reinforce_pp_baseline", "outcome", pipelines=("grpo", "reinforce_pp", "dapo"), whitens=True
+        ),
+    )
+}
 ESTIMATOR_NAMES = tuple(ESTIMATORS)
 KL_IN_REWARD_ESTIMATORS = tuple(name for name, e in ESTIMATORS.items() if e.kl_in_reward)
 

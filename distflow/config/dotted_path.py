@@ -1,5 +1,6 @@
 """Loads a user-supplied callable from a 'module:function' path or a 'path/to/file.py:function' file path
 (pipelines, DAG nodes, reward scorers), the second form as verl's custom_reward_function.path takes it."""
+
 import hashlib
 import importlib
 import importlib.util
@@ -19,8 +20,9 @@ def load_callable(path: str, what: str) -> Callable:
     if not sep:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
-        raise ValueError(f"{what}: {path!r} is not a dotted path; expected 'module:function' or "
-                         "'path/to/file.py:function'")
+        raise ValueError(
+            f"{what}: {path!r} is not a dotted path; expected 'module:function' or 'path/to/file.py:function'"
+        )
     if is_file_path(path):
         module = _import_file(module_name, path, what)
     else:
@@ -42,8 +44,10 @@ def is_file_path(path: str) -> bool:
 def _import_file(file_name: str, path: str, what: str):
     file = Path(file_name).expanduser().resolve()
     if not file.is_file():
-        raise ValueError(f"{what}: no such file {file_name!r} (a relative path is relative to the working "
-                         f"directory, {Path.cwd()})")
+        raise ValueError(
+            f"{what}: no such file {file_name!r} (a relative path is relative to the working "
+            f"directory, {Path.cwd()})"
+        )
     # One module per file, under a name no package can have, so loading it twice runs it once.
     name = f"distflow_user_{file.stem}_{hashlib.sha1(str(file).encode()).hexdigest()[:10]}"
     if name in sys.modules:

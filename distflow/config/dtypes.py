@@ -3,6 +3,7 @@
 model.dtype takes these names (schema.py), HF configs and Megatron checkpoint records store them, and the
 Megatron builder, the weight sync and the converters turn them into torch dtypes through `torch_dtype`.
 """
+
 import typing
 from typing import Literal
 

@@ -3,6 +3,7 @@
 An unknown key or a value of the wrong type is a ConfigError that names the full dotted key, what was
 given, what is valid, and the closest valid key (`actor.tpp` -> "did you mean actor.tp?").
 """
+
 import dataclasses
 import difflib
 import types
@@ -56,7 +57,7 @@ def _apply_override(raw: dict, item: str) -> None:
     for depth, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"override {item!r}: {'.'.join(parts[:depth + 1])} is a value, not a section")
+            raise ConfigError(f"override {item!r}: {'.'.join(parts[: depth + 1])} is a value, not a section")
         node = child
     node[parts[-1]] = value
 
@@ -89,13 +90,15 @@ def unknown_key_message(full_key: str, valid: list[str], prefix: str = "", value
         verl = explain(leaf_key)
         if verl:
             return f"unknown config key {leaf_key!r}; {verl}"
-    leaf = full_key[len(prefix):]
+    leaf = full_key[len(prefix) :]
     close = difflib.get_close_matches(leaf, valid, n=1, cutoff=0.5)
     hint = f"; did you mean {prefix}{close[0]}?" if close else ""
     section_name = prefix.rstrip(".") or "the top level"
     if len(valid) > 40:  # a library's field list (Megatron, SGLang): the nearest few say more than all 500
         near = difflib.get_close_matches(leaf, valid, n=5, cutoff=0.4)
-        return f"unknown config key {full_key!r}{hint} (nearest valid keys in {section_name}: {', '.join(near)})"
+        return (
+            f"unknown config key {full_key!r}{hint} (nearest valid keys in {section_name}: {', '.join(near)})"
+        )
     return f"unknown config key {full_key!r}{hint} (valid keys in {section_name}: {', '.join(sorted(valid))})"
 
 
@@ -117,13 +120,19 @@ def coerce(value: Any, hint, key: str):
     if origin is Literal:
         if value not in args:
             synonym = VALUE_SYNONYMS.get(str(value).lower())
-            close = [synonym] if synonym in args else difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+            close = (
+                [synonym]
+                if synonym in args
+                else difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+            )
             hint_text = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{key}={value!r} is not one of {list(args)}{hint_text}")
         return value
     if origin is list or hint is list:
         if args and isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            value = [value]  # data.train_files=foo.parquet: one path where a list is expected is a list of one
+            value = [
+                value
+            ]  # data.train_files=foo.parquet: one path where a list is expected is a list of one
         if not isinstance(value, list):
             raise ConfigError(f"{key} must be a list, got {value!r} ({type(value).__name__})")
         return [coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else value

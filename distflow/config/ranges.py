@@ -4,6 +4,7 @@ and the valid range, e.g. "actor.optim.lr=-0.001 must be > 0".
 Called by distflow.config.validate.validate, so `python -m distflow.config show` and every entry point
 reject a bad value before anything starts. The checks are written as `not (lo <= x)` so that NaN fails too.
 """
+
 import math
 
 from distflow.config.loader import ConfigError
@@ -36,8 +37,10 @@ def check_ranges(cfg: DistFlowConfig) -> None:
     _at_least("trainer.max_consecutive_bad_steps", t.max_consecutive_bad_steps, 1)
     for i, step in enumerate(t.profile_steps):
         if not 1 <= step <= t.total_steps:
-            raise ConfigError(f"trainer.profile_steps[{i}]={step} must be a step in [1, trainer.total_steps="
-                              f"{t.total_steps}]")
+            raise ConfigError(
+                f"trainer.profile_steps[{i}]={step} must be a step in [1, trainer.total_steps="
+                f"{t.total_steps}]"
+            )
     _at_least("tracking.val_samples", cfg.tracking.val_samples, 0, "(0 logs no sample table)")
     _at_least("checkpoint.save_every", cfg.checkpoint.save_every, 0, "(0 saves only at the end)")
     _at_least("checkpoint.keep_last", cfg.checkpoint.keep_last, 1)
@@ -62,9 +65,11 @@ def _check_updates(role: str, rc, train_batch_size: int) -> None:
     mini = rc.mini_batch_size
     _at_least(f"{role}.mini_batch_size", mini, 0, "(0 = data.train_batch_size)")
     if mini and (mini > train_batch_size or train_batch_size % mini):
-        raise ConfigError(f"{role}.mini_batch_size={mini} must divide data.train_batch_size={train_batch_size} "
-                          f"(prompts per optimizer step; divisors: {_divisors(train_batch_size)}), or be 0 for one "
-                          "update per step")
+        raise ConfigError(
+            f"{role}.mini_batch_size={mini} must divide data.train_batch_size={train_batch_size} "
+            f"(prompts per optimizer step; divisors: {_divisors(train_batch_size)}), or be 0 for one "
+            "update per step"
+        )
 
 
 def _check_algorithm(cfg: DistFlowConfig) -> None:
@@ -74,8 +79,10 @@ def _check_algorithm(cfg: DistFlowConfig) -> None:
         if not 0 <= value <= 1:
             raise ConfigError(f"algorithm.{name}={value} must be in [0, 1]")
     if not 0 < a.clip_ratio_low < 1:
-        raise ConfigError(f"algorithm.clip_ratio_low={a.clip_ratio_low} must be in (0, 1): the ratio is clipped "
-                          "below at 1 - clip_ratio_low")
+        raise ConfigError(
+            f"algorithm.clip_ratio_low={a.clip_ratio_low} must be in (0, 1): the ratio is clipped "
+            "below at 1 - clip_ratio_low"
+        )
     _greater("algorithm.clip_ratio_high", a.clip_ratio_high, 0)
     _greater("algorithm.clip_ratio_c", a.clip_ratio_c, 1, "(the dual-clip bound for negative advantages)")
     _at_least("algorithm.kl_coef", a.kl_coef, 0, "(0 disables the KL term)")
@@ -86,8 +93,10 @@ def _check_algorithm(cfg: DistFlowConfig) -> None:
     _greater("algorithm.value_clip", a.value_clip, 0)
     _at_least("algorithm.max_sampling_attempts", a.max_sampling_attempts, 1)
     if not 0 <= a.overlong_buffer_len <= cfg.rollout.max_new_tokens:
-        raise ConfigError(f"algorithm.overlong_buffer_len={a.overlong_buffer_len} must be between 0 (off) and "
-                          f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}")
+        raise ConfigError(
+            f"algorithm.overlong_buffer_len={a.overlong_buffer_len} must be between 0 (off) and "
+            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
+        )
     _at_least("algorithm.overlong_penalty_factor", a.overlong_penalty_factor, 0)
 
 
@@ -96,8 +105,10 @@ def _check_rollout(cfg: DistFlowConfig) -> None:
     if not (r.top_k == -1 or r.top_k >= 1):
         raise ConfigError(f"rollout.top_k={r.top_k} must be -1 (off) or >= 1")
     if r.mem_fraction_static is not None and not 0 < r.mem_fraction_static < 1:
-        raise ConfigError(f"rollout.mem_fraction_static={r.mem_fraction_static} must be in (0, 1), or null for "
-                          "SGLang's default")
+        raise ConfigError(
+            f"rollout.mem_fraction_static={r.mem_fraction_static} must be in (0, 1), or null for "
+            "SGLang's default"
+        )
     for i, token in enumerate(r.stop_token_ids):
         _at_least(f"rollout.stop_token_ids[{i}]", token, 0)
 

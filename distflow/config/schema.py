@@ -5,6 +5,7 @@ prints. Megatron-Core and SGLang settings that DistFlow does not model itself pa
 `<role>.megatron` (TransformerConfig fields) and `rollout.sglang` (SGLang ServerArgs fields); their keys are
 checked against those libraries (see passthrough.py).
 """
+
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -26,10 +27,13 @@ def section(cls, help: str):
 
 @dataclass
 class ModelConfig:
-    path: str = option("", "Hugging Face model directory (config.json, *.safetensors, tokenizer) to start from.")
+    path: str = option(
+        "", "Hugging Face model directory (config.json, *.safetensors, tokenizer) to start from."
+    )
     tokenizer_path: Optional[str] = option(None, "Tokenizer directory; defaults to model.path.")
     dtype: DtypeName = option(
-        "bfloat16", "Compute dtype of training and rollout. float32 on CPU (no fast bf16 matmul there).")
+        "bfloat16", "Compute dtype of training and rollout. float32 on CPU (no fast bf16 matmul there)."
+    )
 
 
 @dataclass
@@ -43,9 +47,14 @@ class OptimizerConfig:
     adam_beta2: float = option(0.999, "Adam beta2.")
     adam_eps: float = option(1e-8, "Adam epsilon.")
     clip_grad: float = option(1.0, "Global gradient-norm clip; 0 disables.")
-    use_distributed_optimizer: bool = option(True, "Shard optimizer states over data-parallel ranks (ZeRO-1).")
-    megatron: dict = option({}, "Extra Megatron-Core OptimizerConfig fields, passed through unchanged (e.g. "
-                            "optimizer_cpu_offload: true, optimizer_offload_fraction: 1.0 on GPU).")
+    use_distributed_optimizer: bool = option(
+        True, "Shard optimizer states over data-parallel ranks (ZeRO-1)."
+    )
+    megatron: dict = option(
+        {},
+        "Extra Megatron-Core OptimizerConfig fields, passed through unchanged (e.g. "
+        "optimizer_cpu_offload: true, optimizer_offload_fraction: 1.0 on GPU).",
+    )
 
 
 @dataclass
@@ -63,12 +72,16 @@ class MegatronRoleConfig:
     use_dynamic_batch: bool = option(True, "Pack micro-batches by a token budget instead of a fixed count.")
     max_tokens_per_micro_batch: int = option(8192, "Token budget of one micro-batch (dynamic batching).")
     recompute_granularity: Optional[Literal["full", "selective"]] = option(
-        None, "Activation recomputation (Megatron's recompute_granularity); null disables.")
+        None, "Activation recomputation (Megatron's recompute_granularity); null disables."
+    )
     recompute_method: Optional[Literal["uniform", "block"]] = option(None, "Megatron's recompute_method.")
     recompute_num_layers: Optional[int] = option(None, "Megatron's recompute_num_layers.")
-    offload: bool = option(False, "ref only: keep the reference model's parameters in CPU memory between "
-                           "forwards (GPU; nothing to move on CPU). actor/critic refuse it: their optimizer "
-                           "states offload through optim.megatron.optimizer_cpu_offload (GPU).")
+    offload: bool = option(
+        False,
+        "ref only: keep the reference model's parameters in CPU memory between "
+        "forwards (GPU; nothing to move on CPU). actor/critic refuse it: their optimizer "
+        "states offload through optim.megatron.optimizer_cpu_offload (GPU).",
+    )
     load: Optional[str] = option(None, "Megatron dist checkpoint to start from instead of model.path.")
     megatron: dict = option({}, "Extra Megatron-Core TransformerConfig fields, passed through unchanged.")
 
@@ -82,7 +95,9 @@ class ActorConfig(MegatronRoleConfig):
 
 # The parallel sizes of a Megatron role, the fields that make its ParallelLayout.
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "etp")
-_FOLLOWS = "unset: the actor's (the {role} shares the actor's Megatron process groups, so only that value fits)"
+_FOLLOWS = (
+    "unset: the actor's (the {role} shares the actor's Megatron process groups, so only that value fits)"
+)
 
 
 @dataclass
@@ -112,8 +127,10 @@ class RefConfig(FollowsActorLayout, MegatronRoleConfig):
 @dataclass
 class RolloutConfig:
     placement: Literal["colocated", "disaggregated"] = option(
-        "colocated", "colocated: every rank trains and hosts its share of an engine; disaggregated: the last "
-        "rollout.num_ranks ranks host engines only.")
+        "colocated",
+        "colocated: every rank trains and hosts its share of an engine; disaggregated: the last "
+        "rollout.num_ranks ranks host engines only.",
+    )
     num_ranks: int = option(0, "Ranks that host engines in disaggregated placement (0 when colocated).")
     engine_tp: int = option(1, "Tensor-parallel size of one SGLang engine; one engine per engine_tp ranks.")
     n: int = option(8, "Samples per prompt (the GRPO group size).")
@@ -124,58 +141,76 @@ class RolloutConfig:
     stop: list[str] = option([], "Stop strings.")
     stop_token_ids: list[int] = option([], "Stop token ids (the tokenizer's EOS is always one).")
     mem_fraction_static: Optional[float] = option(
-        None, "Fraction of GPU memory for the engine's weights and KV cache; null = SGLang's default.")
+        None, "Fraction of GPU memory for the engine's weights and KV cache; null = SGLang's default."
+    )
     release_memory_in_training: bool = option(
-        True, "Colocated: engines free their GPU memory while training runs (no-op on CPU).")
+        True, "Colocated: engines free their GPU memory while training runs (no-op on CPU)."
+    )
     sglang: dict = option({}, "Extra SGLang ServerArgs fields, passed through to sglang.Engine unchanged.")
     balance: Literal["steal", "partition"] = option(
-        "steal", "With several engines: steal: an engine whose own prompts are all claimed takes chunks of the "
+        "steal",
+        "With several engines: steal: an engine whose own prompts are all claimed takes chunks of the "
         "engine with the most unclaimed estimated tokens (results go back to their home engine); partition: each "
-        "engine generates only its own prompts.")
+        "engine generates only its own prompts.",
+    )
     balance_chunk_prompts: int = option(8, "Prompt groups (all n samples of a prompt) per claimable chunk.")
     balance_outstanding_tokens: int = option(
-        262144, "An engine claims more chunks while its claimed-but-unfinished chunks' estimated tokens (prompt "
+        262144,
+        "An engine claims more chunks while its claimed-but-unfinished chunks' estimated tokens (prompt "
         "+ n x max_new_tokens) stay below this (at least one chunk; one at a time where seeded samples depend "
-        "on the batch, as on CPU).")
+        "on the batch, as on CPU).",
+    )
     balance_timeout_s: float = option(
-        3600.0, "Longest wait for other engines' chunk plans, stolen chunks' samples and totals in a step.")
+        3600.0, "Longest wait for other engines' chunk plans, stolen chunks' samples and totals in a step."
+    )
     engine_nnodes: int = option(
-        1, "Nodes one engine spans (engine_tp larger than a node's GPUs): engine_tp / engine_nnodes of its ranks "
+        1,
+        "Nodes one engine spans (engine_tp larger than a node's GPUs): engine_tp / engine_nnodes of its ranks "
         "on each node. The engine's first rank on every node starts SGLang's processes for that node (SGLang's "
-        "nnodes/node_rank, rendezvous at the engine owner's address); the owner (first node) serves requests.")
+        "nnodes/node_rank, rendezvous at the engine owner's address); the owner (first node) serves requests.",
+    )
 
 
 @dataclass
 class SyncConfig:
-    bucket_mb: float = option(512, "Size bound of one weight-sync bucket, in MiB (a larger parameter travels "
-                                   "as row ranges).")
-    verify: bool = option(False, "After each sync, compare per-bucket checksums of engine and trainer weights.")
+    bucket_mb: float = option(
+        512, "Size bound of one weight-sync bucket, in MiB (a larger parameter travels as row ranges)."
+    )
+    verify: bool = option(
+        False, "After each sync, compare per-bucket checksums of engine and trainer weights."
+    )
     method: Literal["auto", "reshard", "full"] = option(
-        "auto", "auto: the layout-aware resharder (each engine rank receives its own shards where the family has "
+        "auto",
+        "auto: the layout-aware resharder (each engine rank receives its own shards where the family has "
         "an SGLang shard layout, else full HF-named tensors staged the same way); reshard: the resharder, "
         "shards only (an error for families without a shard layout); full: gather the full HF tensors on "
-        "rank 0 and broadcast them to every engine owner (the simple fallback).")
+        "rank 0 and broadcast them to every engine owner (the simple fallback).",
+    )
     transport: Literal["auto", "shared_memory", "process_group"] = option(
-        "auto", "How a training rank's slices reach an engine rank hosted by another rank: shared_memory writes "
+        "auto",
+        "How a training rank's slices reach an engine rank hosted by another rank: shared_memory writes "
         "them into the engine rank's staging buffer (same node: shared memory on CPU, CUDA IPC on GPU); "
         "process_group sends them over a weight-update process group (gloo on CPU, NCCL on GPU; engines on other "
         "nodes than their senders, e.g. disaggregated placement); auto: shared memory within a node, the process "
-        "group across nodes.")
+        "group across nodes.",
+    )
 
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: Literal[ESTIMATOR_NAMES] = option(
-        "grpo", "Advantage estimator.")
+    adv_estimator: Literal[ESTIMATOR_NAMES] = option("grpo", "Advantage estimator.")
     norm_adv_by_std: bool = option(True, "GRPO: divide by the group's std (false gives Dr. GRPO).")
     gamma: float = option(1.0, "Discount (GAE, REINFORCE++).")
     lam: float = option(1.0, "GAE lambda.")
-    policy_loss: Literal["ppo", "gspo"] = option("ppo", "ppo: token-level clipped ratio; gspo: sequence ratio.")
+    policy_loss: Literal["ppo", "gspo"] = option(
+        "ppo", "ppo: token-level clipped ratio; gspo: sequence ratio."
+    )
     clip_ratio_low: float = option(0.2, "Lower clip range (1 - low).")
     clip_ratio_high: float = option(0.2, "Upper clip range (1 + high); DAPO's clip-higher raises it.")
     clip_ratio_c: float = option(3.0, "Dual-clip bound for negative advantages.")
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                           "seq-mean-token-sum-norm"] = option("token-mean", "How token losses are aggregated.")
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = option("token-mean", "How token losses are aggregated.")
     entropy_coef: float = option(0.0, "Entropy bonus coefficient.")
     kl_coef: float = option(0.0, "KL-to-reference coefficient; 0 disables the reference model.")
     kl_estimator: Literal["k1", "k2", "k3"] = option("k3", "KL estimator (k3: low-variance).")
@@ -194,8 +229,11 @@ class DagConfig:
 
 @dataclass
 class DataConfig:
-    train_files: list[str] = option([], "Training data files: .parquet, .jsonl or .json rows (prompt, data_source, "
-                                   "reward_model, extra_info); one path or a list.")
+    train_files: list[str] = option(
+        [],
+        "Training data files: .parquet, .jsonl or .json rows (prompt, data_source, "
+        "reward_model, extra_info); one path or a list.",
+    )
     val_files: list[str] = option([], "Held-out data files (as data.train_files).")
     prompt_key: str = option("prompt", "Column holding the chat messages.")
     max_prompt_length: int = option(512, "Prompts longer than this (tokens) are filtered out.")
@@ -204,22 +242,32 @@ class DataConfig:
     shuffle: bool = option(True, "Shuffle every epoch.")
     seed: int = option(1, "Data order seed.")
     skip_bad_rows: bool = option(
-        False, "Skip (and count) rows that do not follow the schema instead of failing on the first one.")
+        False, "Skip (and count) rows that do not follow the schema instead of failing on the first one."
+    )
 
 
 @dataclass
 class RewardConfig:
     name: str = option(
-        "gsm8k", "Built-in rule-based scorer: gsm8k (lenient '#### answer'), gsm8k_flexible (the last number), "
+        "gsm8k",
+        "Built-in rule-based scorer: gsm8k (lenient '#### answer'), gsm8k_flexible (the last number), "
         "gsm8k_verl (verl's strict rule, for numbers comparable with verl baselines), math (boxed answer, "
         "math-verify), math_dapo (DAPO's 'Answer:' rule, +1/-1), copy, or auto (chosen per sample from its "
-        "data_source; see distflow/rewards/registry.py).")
-    custom: Optional[str] = option(None, "Custom scorer as 'module:function' or 'path/to/file.py:function' (verl's "
-                                  "custom_reward_function); checked against the scorer contract before the start.")
+        "data_source; see distflow/rewards/registry.py).",
+    )
+    custom: Optional[str] = option(
+        None,
+        "Custom scorer as 'module:function' or 'path/to/file.py:function' (verl's "
+        "custom_reward_function); checked against the scorer contract before the start.",
+    )
     model_path: Optional[str] = option(
-        None, "Reward model: a HF *ForSequenceClassification checkpoint (one label) sharing the policy's tokenizer; "
-        "it scores training samples (Megatron forward in the actor's layout). Validation still uses reward.name.")
-    timeout_s: float = option(10.0, "Per-sample scorer timeout; a timeout scores 0 and counts in reward/timeouts.")
+        None,
+        "Reward model: a HF *ForSequenceClassification checkpoint (one label) sharing the policy's tokenizer; "
+        "it scores training samples (Megatron forward in the actor's layout). Validation still uses reward.name.",
+    )
+    timeout_s: float = option(
+        10.0, "Per-sample scorer timeout; a timeout scores 0 and counts in reward/timeouts."
+    )
     num_workers: int = option(2, "Scorer process-pool size.")
 
 
@@ -228,18 +276,25 @@ class TrainerConfig:
     total_steps: int = option(100, "RL steps to run.")
     seed: int = option(1, "Global seed (model init, sampling).")
     val_every: int = option(0, "Validate every k steps; 0 disables.")
-    sft_warmup_steps: int = option(0, "Supervised steps on the training answers before RL (for models that start "
-                                      "from random weights, e.g. the CPU toy task); 0 disables.")
+    sft_warmup_steps: int = option(
+        0,
+        "Supervised steps on the training answers before RL (for models that start "
+        "from random weights, e.g. the CPU toy task); 0 disables.",
+    )
     output_dir: str = option("outputs/run", "Where metrics, checkpoints and the exported model go.")
     device: Literal["auto", "cpu", "cuda"] = option("auto", "auto: cuda when available, else cpu (gloo).")
     dist_timeout_s: int = option(600, "Timeout of every collective and process-group set-up, in seconds.")
     max_consecutive_bad_steps: int = option(
-        3, "Optimizer steps in a row with a NaN/Inf loss or NaN/Inf gradients (each one skipped) after which "
-        "the run stops with an error.")
+        3,
+        "Optimizer steps in a row with a NaN/Inf loss or NaN/Inf gradients (each one skipped) after which "
+        "the run stops with an error.",
+    )
     profile_steps: list[int] = option(
-        [], "RL steps to record a torch.profiler trace of (e.g. [3, 10]), one Chrome/TensorBoard trace per rank "
+        [],
+        "RL steps to record a torch.profiler trace of (e.g. [3, 10]), one Chrome/TensorBoard trace per rank "
         "and step under <output_dir>/profile/rank<k>/ (chrome://tracing, Perfetto or TensorBoard's profiler "
-        "plugin); [] profiles nothing. See docs/metrics.md.")
+        "plugin); [] profiles nothing. See docs/metrics.md.",
+    )
 
 
 @dataclass
@@ -248,12 +303,18 @@ class TrackingConfig:
     run_name: Optional[str] = option(None, "Run name; defaults to the output folder's name.")
     backends: list[str] = option(["console", "jsonl"], "Any of console, jsonl, wandb, tensorboard.")
     wandb_mode: Literal["auto", "online", "offline", "disabled"] = option(
-        "auto", "auto: online with WANDB_API_KEY set, else offline.")
+        "auto", "auto: online with WANDB_API_KEY set, else offline."
+    )
     metric_names: Literal["distflow", "verl"] = option(
-        "distflow", "Names metrics are written under: distflow (docs/metrics.md), or verl (those with a verl twin "
-        "under verl's name: reward/mean -> critic/score/mean, timing_s/generate -> timing_s/gen, ...).")
-    val_samples: int = option(8, "Validation samples (prompt, response, reward) logged as a table per validation "
-                                 "(W&B table, TensorBoard text, samples.jsonl); 0 logs none.")
+        "distflow",
+        "Names metrics are written under: distflow (docs/metrics.md), or verl (those with a verl twin "
+        "under verl's name: reward/mean -> critic/score/mean, timing_s/generate -> timing_s/gen, ...).",
+    )
+    val_samples: int = option(
+        8,
+        "Validation samples (prompt, response, reward) logged as a table per validation "
+        "(W&B table, TensorBoard text, samples.jsonl); 0 logs none.",
+    )
 
 
 @dataclass
@@ -284,5 +345,7 @@ class DistFlowConfig:
         """The parallel sizes {tp, pp, vpp, cp, ep, etp} of `role` (actor, ref, critic): the role's own where set,
         else the actor's. etp may be None: that layout's tp (ParallelLayout.for_world)."""
         own, actor = getattr(self, role), self.actor
-        return {name: getattr(actor, name) if getattr(own, name) is None else getattr(own, name)
-                for name in LAYOUT_FIELDS}
+        return {
+            name: getattr(actor, name) if getattr(own, name) is None else getattr(own, name)
+            for name in LAYOUT_FIELDS
+        }

@@ -3,6 +3,7 @@
 Runs before any process group exists. Layout checks against world size and the model live in
 distflow.layout; here only what the config alone can tell.
 """
+
 import contextlib
 import dataclasses
 import functools
@@ -15,24 +16,44 @@ from distflow.config.schema import DistFlowConfig
 
 # Pass-through keys that DistFlow derives from its own fields: setting them twice would disagree silently.
 _MEGATRON_OWNED = {
-    "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "context_parallel_size": "cp",
-    "expert_model_parallel_size": "ep", "expert_tensor_parallel_size": "etp",
-    "virtual_pipeline_model_parallel_size": "vpp", "sequence_parallel": "sequence_parallel",
-    "recompute_granularity": "recompute_granularity", "recompute_method": "recompute_method",
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep",
+    "expert_tensor_parallel_size": "etp",
+    "virtual_pipeline_model_parallel_size": "vpp",
+    "sequence_parallel": "sequence_parallel",
+    "recompute_granularity": "recompute_granularity",
+    "recompute_method": "recompute_method",
     "recompute_num_layers": "recompute_num_layers",
 }
 # OptimizerConfig fields DistFlow sets from optim.* and model.dtype.
 _MEGATRON_OPTIMIZER_OWNED = {
-    "optimizer": "(always adam)", "lr": "optim.lr", "min_lr": "optim.min_lr", "weight_decay": "optim.weight_decay",
-    "adam_beta1": "optim.adam_beta1", "adam_beta2": "optim.adam_beta2", "adam_eps": "optim.adam_eps",
-    "clip_grad": "optim.clip_grad", "use_distributed_optimizer": "optim.use_distributed_optimizer",
-    "bf16": "model.dtype", "fp16": "model.dtype", "params_dtype": "model.dtype",
+    "optimizer": "(always adam)",
+    "lr": "optim.lr",
+    "min_lr": "optim.min_lr",
+    "weight_decay": "optim.weight_decay",
+    "adam_beta1": "optim.adam_beta1",
+    "adam_beta2": "optim.adam_beta2",
+    "adam_eps": "optim.adam_eps",
+    "clip_grad": "optim.clip_grad",
+    "use_distributed_optimizer": "optim.use_distributed_optimizer",
+    "bf16": "model.dtype",
+    "fp16": "model.dtype",
+    "params_dtype": "model.dtype",
 }
-_SGLANG_OWNED = {"model_path": "model.path", "tokenizer_path": "model.tokenizer_path", "tp_size": "rollout.engine_tp",
-                 "dtype": "model.dtype", "mem_fraction_static": "rollout.mem_fraction_static",
-                 "random_seed": "trainer.seed", "dp_size": "rollout.num_ranks / rollout.engine_tp",
-                 "nnodes": "rollout.engine_nnodes", "node_rank": "rollout.engine_nnodes",
-                 "dist_init_addr": "rollout.engine_nnodes"}
+_SGLANG_OWNED = {
+    "model_path": "model.path",
+    "tokenizer_path": "model.tokenizer_path",
+    "tp_size": "rollout.engine_tp",
+    "dtype": "model.dtype",
+    "mem_fraction_static": "rollout.mem_fraction_static",
+    "random_seed": "trainer.seed",
+    "dp_size": "rollout.num_ranks / rollout.engine_tp",
+    "nnodes": "rollout.engine_nnodes",
+    "node_rank": "rollout.engine_nnodes",
+    "dist_init_addr": "rollout.engine_nnodes",
+}
 TRACKING_BACKENDS = ("console", "jsonl", "wandb", "tensorboard")
 
 
@@ -42,18 +63,24 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
         _validate_role(role, getattr(cfg, role), cfg.parallel_sizes(role))
     r = cfg.rollout
     if r.placement == "colocated" and r.num_ranks != 0:
-        raise ConfigError(f"rollout.num_ranks={r.num_ranks} only applies to placement=disaggregated; "
-                          "colocated engines use every rank (set rollout.num_ranks=0)")
+        raise ConfigError(
+            f"rollout.num_ranks={r.num_ranks} only applies to placement=disaggregated; "
+            "colocated engines use every rank (set rollout.num_ranks=0)"
+        )
     if r.placement == "disaggregated" and r.num_ranks < 1:
-        raise ConfigError("rollout.placement=disaggregated needs rollout.num_ranks >= 1 (ranks hosting engines)")
+        raise ConfigError(
+            "rollout.placement=disaggregated needs rollout.num_ranks >= 1 (ranks hosting engines)"
+        )
     _positive("rollout.engine_tp", r.engine_tp)
     _positive("rollout.n", r.n)
     _positive("rollout.balance_chunk_prompts", r.balance_chunk_prompts)
     _positive("rollout.balance_outstanding_tokens", r.balance_outstanding_tokens)
     _positive("rollout.balance_timeout_s", r.balance_timeout_s)
     if r.engine_nnodes < 1 or r.engine_tp % r.engine_nnodes:
-        raise ConfigError(f"rollout.engine_nnodes={r.engine_nnodes} must be >= 1 and divide rollout.engine_tp="
-                          f"{r.engine_tp} (each node holds engine_tp / engine_nnodes of an engine's ranks)")
+        raise ConfigError(
+            f"rollout.engine_nnodes={r.engine_nnodes} must be >= 1 and divide rollout.engine_tp="
+            f"{r.engine_tp} (each node holds engine_tp / engine_nnodes of an engine's ranks)"
+        )
     _positive("rollout.max_new_tokens", r.max_new_tokens)
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
@@ -69,11 +96,17 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
             raise ConfigError(f"tracking.backends[{i}]={backend!r} is not one of {list(TRACKING_BACKENDS)}")
     if check_passthrough:
         for role in ("actor", "critic", "ref"):
-            _validate_keys(f"{role}.megatron", getattr(cfg, role).megatron, megatron_fields, _MEGATRON_OWNED,
-                           f"{role}.")
+            _validate_keys(
+                f"{role}.megatron", getattr(cfg, role).megatron, megatron_fields, _MEGATRON_OWNED, f"{role}."
+            )
             if role != "ref":
-                _validate_keys(f"{role}.optim.megatron", getattr(cfg, role).optim.megatron, megatron_optimizer_fields,
-                               _MEGATRON_OPTIMIZER_OWNED, "")
+                _validate_keys(
+                    f"{role}.optim.megatron",
+                    getattr(cfg, role).optim.megatron,
+                    megatron_optimizer_fields,
+                    _MEGATRON_OPTIMIZER_OWNED,
+                    "",
+                )
         _validate_keys("rollout.sglang", r.sglang, sglang_fields, _SGLANG_OWNED, "")
     return cfg
 
@@ -86,11 +119,15 @@ def _check_estimator(cfg: DistFlowConfig) -> None:
     if estimator.needs_critic and not cfg.critic.enable:
         raise ConfigError(f"algorithm.adv_estimator={estimator.name} needs a critic: set critic.enable=true")
     if a.kl_in_reward and a.kl_coef > 0 and not estimator.kl_in_reward:
-        raise ConfigError(f"algorithm.kl_in_reward=true needs a token-level estimator {list(KL_IN_REWARD_ESTIMATORS)}; "
-                          f"with adv_estimator={a.adv_estimator!r} use the KL as a loss term (kl_in_reward=false)")
+        raise ConfigError(
+            f"algorithm.kl_in_reward=true needs a token-level estimator {list(KL_IN_REWARD_ESTIMATORS)}; "
+            f"with adv_estimator={a.adv_estimator!r} use the KL as a loss term (kl_in_reward=false)"
+        )
     if a.kl_coef > 0 and not cfg.ref.enable:
-        raise ConfigError(f"algorithm.kl_coef={a.kl_coef} needs the reference model: set ref.enable=true, or "
-                          "algorithm.kl_coef=0 to train without a KL term")
+        raise ConfigError(
+            f"algorithm.kl_coef={a.kl_coef} needs the reference model: set ref.enable=true, or "
+            "algorithm.kl_coef=0 to train without a KL term"
+        )
 
 
 def _validate_role(role: str, rc, sizes: dict) -> None:
@@ -112,10 +149,12 @@ def offload_error(role: str, rc) -> str | None:
     Megatron's own optimizer offload instead."""
     if not rc.offload or role == "ref":
         return None
-    return (f"{role}.offload=true is not supported: DistFlow offloads only the reference model's parameters "
-            f"(ref.offload=true, on GPU). For {role}'s optimizer states use Megatron's optimizer CPU offload: "
-            f"{role}.optim.megatron={{optimizer_cpu_offload: true, optimizer_offload_fraction: 1.0}} "
-            "(GPU only; Megatron's HybridDeviceOptimizer); recompute_granularity=full saves activation memory")
+    return (
+        f"{role}.offload=true is not supported: DistFlow offloads only the reference model's parameters "
+        f"(ref.offload=true, on GPU). For {role}'s optimizer states use Megatron's optimizer CPU offload: "
+        f"{role}.optim.megatron={{optimizer_cpu_offload: true, optimizer_offload_fraction: 1.0}} "
+        "(GPU only; Megatron's HybridDeviceOptimizer); recompute_granularity=full saves activation memory"
+    )
 
 
 def _positive(key: str, value: int) -> None:
@@ -128,7 +167,9 @@ def _validate_keys(where: str, given: dict, valid_fn, owned: dict, owner_prefix:
     valid = valid_fn() if given else None
     for key in given:
         if key in owned:
-            raise ConfigError(f"{where}.{key} is set by DistFlow from {owner_prefix}{owned[key]}; set that instead")
+            raise ConfigError(
+                f"{where}.{key} is set by DistFlow from {owner_prefix}{owned[key]}; set that instead"
+            )
         if valid is not None and key not in valid:
             raise ConfigError(unknown_key_message(f"{where}.{key}", sorted(valid), f"{where}."))
 

@@ -5,6 +5,7 @@ is rollout.max_new_tokens"), `python -m distflow.config verl-keys`, and docs/ver
 `render_markdown`; tests/config/test_verl_keys.py checks that the file matches). The verl names are those of
 verl's ppo_trainer.yaml / ppo_megatron_trainer.yaml and its DAPO recipe.
 """
+
 from typing import NamedTuple
 
 
@@ -17,10 +18,15 @@ class VerlKey(NamedTuple):
 
 
 _AR = "actor_rollout_ref"
-_MEGATRON_SIZES = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
-                   "virtual_pipeline_model_parallel_size": "vpp", "context_parallel_size": "cp",
-                   "expert_model_parallel_size": "ep", "expert_tensor_parallel_size": "etp",
-                   "sequence_parallel": "sequence_parallel"}
+_MEGATRON_SIZES = {
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "virtual_pipeline_model_parallel_size": "vpp",
+    "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep",
+    "expert_tensor_parallel_size": "etp",
+    "sequence_parallel": "sequence_parallel",
+}
 
 VERL_KEYS: dict[str, VerlKey] = {
     # data
@@ -33,8 +39,11 @@ VERL_KEYS: dict[str, VerlKey] = {
     "data.prompt_key": VerlKey("data.prompt_key"),
     "data.shuffle": VerlKey("data.shuffle"),
     "data.seed": VerlKey("data.seed"),
-    "data.filter_overlong_prompts": VerlKey(None, "always on: prompts longer than data.max_prompt_length are "
-                                                  "filtered (and counted) when the data loads"),
+    "data.filter_overlong_prompts": VerlKey(
+        None,
+        "always on: prompts longer than data.max_prompt_length are "
+        "filtered (and counted) when the data loads",
+    ),
     "data.tokenizer": VerlKey("model.tokenizer_path"),
     # model and actor
     f"{_AR}.model.path": VerlKey("model.path"),
@@ -45,10 +54,13 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_AR}.actor.optim.weight_decay": VerlKey("actor.optim.weight_decay"),
     f"{_AR}.actor.optim.clip_grad": VerlKey("actor.optim.clip_grad"),
     f"{_AR}.actor.grad_clip": VerlKey("actor.optim.clip_grad"),
-    f"{_AR}.actor.ppo_mini_batch_size": VerlKey("actor.mini_batch_size", "prompts per optimizer step, as in verl"),
+    f"{_AR}.actor.ppo_mini_batch_size": VerlKey(
+        "actor.mini_batch_size", "prompts per optimizer step, as in verl"
+    ),
     f"{_AR}.actor.ppo_epochs": VerlKey("actor.ppo_epochs"),
-    f"{_AR}.actor.ppo_micro_batch_size_per_gpu": VerlKey("actor.micro_batch_size",
-                                                         "used only with actor.use_dynamic_batch=false"),
+    f"{_AR}.actor.ppo_micro_batch_size_per_gpu": VerlKey(
+        "actor.micro_batch_size", "used only with actor.use_dynamic_batch=false"
+    ),
     f"{_AR}.actor.use_dynamic_bsz": VerlKey("actor.use_dynamic_batch"),
     f"{_AR}.actor.ppo_max_token_len_per_gpu": VerlKey("actor.max_tokens_per_micro_batch"),
     f"{_AR}.actor.clip_ratio": VerlKey("algorithm.clip_ratio_low", "set algorithm.clip_ratio_high too"),
@@ -56,18 +68,21 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_AR}.actor.clip_ratio_high": VerlKey("algorithm.clip_ratio_high"),
     f"{_AR}.actor.clip_ratio_c": VerlKey("algorithm.clip_ratio_c"),
     f"{_AR}.actor.entropy_coeff": VerlKey("algorithm.entropy_coef"),
-    f"{_AR}.actor.use_kl_loss": VerlKey("algorithm.kl_in_reward", "use_kl_loss=true is kl_in_reward=false with "
-                                                                  "algorithm.kl_coef > 0"),
+    f"{_AR}.actor.use_kl_loss": VerlKey(
+        "algorithm.kl_in_reward", "use_kl_loss=true is kl_in_reward=false with algorithm.kl_coef > 0"
+    ),
     f"{_AR}.actor.kl_loss_coef": VerlKey("algorithm.kl_coef"),
     f"{_AR}.actor.kl_loss_type": VerlKey("algorithm.kl_estimator", "low_var_kl is k3, kl is k1, mse is k2"),
     f"{_AR}.actor.loss_agg_mode": VerlKey("algorithm.loss_agg_mode"),
     f"{_AR}.actor.policy_loss.loss_mode": VerlKey("algorithm.policy_loss", "vanilla is ppo; gspo"),
     **{f"{_AR}.actor.megatron.{k}": VerlKey(f"actor.{v}") for k, v in _MEGATRON_SIZES.items()},
     f"{_AR}.actor.megatron.optimizer_offload": VerlKey(
-        "actor.optim.megatron", "{optimizer_cpu_offload: true, optimizer_offload_fraction: 1.0} (GPU)"),
+        "actor.optim.megatron", "{optimizer_cpu_offload: true, optimizer_offload_fraction: 1.0} (GPU)"
+    ),
     f"{_AR}.actor.megatron.dist_checkpointing_path": VerlKey("actor.load"),
-    f"{_AR}.actor.megatron.override_transformer_config": VerlKey("actor.megatron",
-                                                                 "TransformerConfig fields, passed through"),
+    f"{_AR}.actor.megatron.override_transformer_config": VerlKey(
+        "actor.megatron", "TransformerConfig fields, passed through"
+    ),
     f"{_AR}.model.enable_gradient_checkpointing": VerlKey("actor.recompute_granularity", "full or selective"),
     # reference
     **{f"{_AR}.ref.megatron.{k}": VerlKey(f"ref.{v}") for k, v in _MEGATRON_SIZES.items()},
@@ -83,7 +98,9 @@ VERL_KEYS: dict[str, VerlKey] = {
     f"{_AR}.rollout.free_cache_engine": VerlKey("rollout.release_memory_in_training"),
     f"{_AR}.rollout.name": VerlKey(None, "the rollout engine is always SGLang"),
     f"{_AR}.rollout.val_kwargs.do_sample": VerlKey(None, "validation answers are greedy"),
-    f"{_AR}.rollout.engine_kwargs.sglang": VerlKey("rollout.sglang", "SGLang ServerArgs fields, passed through"),
+    f"{_AR}.rollout.engine_kwargs.sglang": VerlKey(
+        "rollout.sglang", "SGLang ServerArgs fields, passed through"
+    ),
     # critic
     "critic.model.path": VerlKey("critic.path"),
     "critic.ppo_mini_batch_size": VerlKey("critic.mini_batch_size"),
@@ -91,9 +108,10 @@ VERL_KEYS: dict[str, VerlKey] = {
     "critic.cliprange_value": VerlKey("algorithm.value_clip"),
     **{f"critic.megatron.{k}": VerlKey(f"critic.{v}") for k, v in _MEGATRON_SIZES.items()},
     # algorithm
-    "algorithm.adv_estimator": VerlKey("algorithm.adv_estimator", "reinforce_plus_plus is reinforce_pp, "
-                                                                  "reinforce_plus_plus_baseline is "
-                                                                  "reinforce_pp_baseline"),
+    "algorithm.adv_estimator": VerlKey(
+        "algorithm.adv_estimator",
+        "reinforce_plus_plus is reinforce_pp, reinforce_plus_plus_baseline is reinforce_pp_baseline",
+    ),
     "algorithm.gamma": VerlKey("algorithm.gamma"),
     "algorithm.lam": VerlKey("algorithm.lam"),
     "algorithm.kl_ctrl.kl_coef": VerlKey("algorithm.kl_coef", "a fixed coefficient (no adaptive controller)"),
@@ -103,7 +121,9 @@ VERL_KEYS: dict[str, VerlKey] = {
     "algorithm.filter_groups.enable": VerlKey("algorithm.dynamic_sampling", "with dag.pipeline=dapo"),
     "algorithm.filter_groups.max_num_gen_batches": VerlKey("algorithm.max_sampling_attempts"),
     # reward
-    "custom_reward_function.path": VerlKey("reward.custom", "'path/to/file.py:function' (or 'module:function')"),
+    "custom_reward_function.path": VerlKey(
+        "reward.custom", "'path/to/file.py:function' (or 'module:function')"
+    ),
     "custom_reward_function.name": VerlKey("reward.custom", "the part after ':' in reward.custom"),
     "reward_model.enable": VerlKey("reward.model_path", "set it to use a reward model"),
     "reward_model.model.path": VerlKey("reward.model_path"),
@@ -127,9 +147,18 @@ VERL_KEYS: dict[str, VerlKey] = {
 }
 
 # Choice values with another name elsewhere (verl, habit): the config loader suggests the DistFlow one.
-VALUE_SYNONYMS = {"gpu": "cuda", "reinforce_plus_plus": "reinforce_pp",
-                  "reinforce_plus_plus_baseline": "reinforce_pp_baseline", "low_var_kl": "k3", "kl": "k1",
-                  "mse": "k2", "vanilla": "ppo", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+VALUE_SYNONYMS = {
+    "gpu": "cuda",
+    "reinforce_plus_plus": "reinforce_pp",
+    "reinforce_plus_plus_baseline": "reinforce_pp_baseline",
+    "low_var_kl": "k3",
+    "kl": "k1",
+    "mse": "k2",
+    "vanilla": "ppo",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+}
 
 
 def explain(verl_key: str) -> str | None:
@@ -144,17 +173,24 @@ def explain(verl_key: str) -> str | None:
 def render_table() -> str:
     """The table as aligned text, for `python -m distflow.config verl-keys`."""
     width = max(len(k) for k in VERL_KEYS)
-    return "\n".join(f"{k:<{width}}  {v.target or '-'}" + (f"  ({v.note})" if v.note else "")
-                     for k, v in VERL_KEYS.items())
+    return "\n".join(
+        f"{k:<{width}}  {v.target or '-'}" + (f"  ({v.note})" if v.note else "") for k, v in VERL_KEYS.items()
+    )
 
 
 def render_markdown() -> str:
     """docs/verl_key_map.md, generated from VERL_KEYS."""
-    lines = ["# verl -> DistFlow config keys", "",
-             "Generated from `distflow/config/verl_keys.py` (`python -m distflow.config verl-keys --markdown`); "
-             "do not edit by hand.", "An unknown key that is in this table is answered with its DistFlow "
-             "name, e.g. `data.max_response_length=256` -> \"in DistFlow this is rollout.max_new_tokens\".", "",
-             "| verl key | DistFlow key | note |", "| --- | --- | --- |"]
+    lines = [
+        "# verl -> DistFlow config keys",
+        "",
+        "Generated from `distflow/config/verl_keys.py` (`python -m distflow.config verl-keys --markdown`); "
+        "do not edit by hand.",
+        "An unknown key that is in this table is answered with its DistFlow "
+        'name, e.g. `data.max_response_length=256` -> "in DistFlow this is rollout.max_new_tokens".',
+        "",
+        "| verl key | DistFlow key | note |",
+        "| --- | --- | --- |",
+    ]
     for key, entry in VERL_KEYS.items():
         target = f"`{entry.target}`" if entry.target else "-"
         lines.append(f"| `{key}` | {target} | {entry.note.replace('|', '/')} |")

@@ -2,6 +2,7 @@
 
 Megatron-Core's CPU patches live apart, in the top-level `megatron_patches` package.
 """
+
 import contextlib
 import os
 import sys

@@ -1,5 +1,6 @@
 """`python -m distflow.dag show CONFIG [overrides] [--world-size N]`: print the workflow graph, with each
 node's role, ranks and parallel layout, without starting anything."""
+
 import argparse
 import sys
 

@@ -5,6 +5,7 @@ or from the data mover when the producing node ran in another layout (the mover 
 ranks of both roles: ranks that do not compute a node still take part in moving its data). No barrier
 separates nodes; a node waits only for the data it needs. Timing per node is recorded.
 """
+
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -34,8 +35,15 @@ class StepResult:
 
 
 class RankController:
-    def __init__(self, pipeline: Pipeline, ctx, rank: int, ranks_of_role: dict[str, tuple[int, ...]],
-                 mover=None, failure: FailureSignal | None = None):
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        ctx,
+        rank: int,
+        ranks_of_role: dict[str, tuple[int, ...]],
+        mover=None,
+        failure: FailureSignal | None = None,
+    ):
         self.order = pipeline.validate(roles_with_ranks=[r for r, ranks in ranks_of_role.items() if ranks])
         self.pipeline, self.ctx, self.rank = pipeline, ctx, rank
         self.ranks_of_role = dict(ranks_of_role)
@@ -87,4 +95,6 @@ class RankController:
     def _check_outputs(node: Node, outputs) -> None:
         if not isinstance(outputs, dict) or set(outputs) != set(node.outputs):
             got = sorted(outputs) if isinstance(outputs, dict) else type(outputs).__name__
-            raise PipelineError(f"node {node.id!r} must return a dict with keys {sorted(node.outputs)}, got {got}")
+            raise PipelineError(
+                f"node {node.id!r} must return a dict with keys {sorted(node.outputs)}, got {got}"
+            )

@@ -6,6 +6,7 @@ replica's rows). Role "all" nodes work on data where it already is: they take th
 input's producer. When both layouts are the same, nothing moves (the local cache); otherwise the data
 coordinator moves the PackedBatch, collectively, over the ranks of both layouts.
 """
+
 from typing import Any
 
 from distflow.coordination.data import DataCoordinator, DataEdge, FieldPlacement, PackedBatch, PlacedLayout
@@ -46,13 +47,18 @@ class CoordinatorMover:
         key = (name, dst)
         if key not in self._moved:  # several consumers in one layout share one transfer
             if value is not None and not isinstance(value, PackedBatch):
-                raise TypeError(f"node {consumer.id!r}: input {name!r} must be a PackedBatch to move between "
-                                f"layouts, got {type(value).__name__}")
+                raise TypeError(
+                    f"node {consumer.id!r}: input {name!r} must be a PackedBatch to move between "
+                    f"layouts, got {type(value).__name__}"
+                )
             if name not in self.fields:
-                raise KeyError(f"node {consumer.id!r}: input {name!r} moves from {src.describe()} to "
-                               f"{dst.describe()} but the pipeline declares no fields for it (Pipeline.fields)")
+                raise KeyError(
+                    f"node {consumer.id!r}: input {name!r} moves from {src.describe()} to "
+                    f"{dst.describe()} but the pipeline declares no fields for it (Pipeline.fields)"
+                )
             fields = FieldPlacement(self.fields[name])
-            edge = DataEdge(node=consumer.id, producer=src, consumer=dst, fields=fields,
-                            keep_groups=consumer.keep_groups)
+            edge = DataEdge(
+                node=consumer.id, producer=src, consumer=dst, fields=fields, keep_groups=consumer.keep_groups
+            )
             self._moved[key] = self.coordinator.transfer(edge, value)
         return self._moved[key]

@@ -6,6 +6,7 @@ report a useless "connection closed". The failing rank writes its error to the j
 polls it and, on seeing an error from another rank, prints it and ends the process. No barrier is added
 to the step: the poll is a non-blocking key check every `poll_s` seconds.
 """
+
 import os
 import sys
 import threading

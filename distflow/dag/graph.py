@@ -4,6 +4,7 @@ A Pipeline is data: every rank builds the same one and walks it with its own con
 (distflow.dag.controller). Edges are implied by data: a node depends on the nodes that produce its
 inputs. Validation runs before any process group exists and names the offending node.
 """
+
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -56,10 +57,29 @@ class Pipeline:
     layouts and the pipeline stages that read each (declared, because every rank plans the move,
     including ranks that hold none of the data)."""
 
-    def add(self, id: str, role: str, fn, inputs: Iterable[str] = (), outputs: Iterable[str] = (),
-            keep_groups: bool = False, doc: str = "", arg_names: dict[str, str] | None = None) -> "Pipeline":
-        self.nodes.append(Node(id, role, fn, tuple(inputs), tuple(outputs), keep_groups, doc,
-                               tuple(sorted((arg_names or {}).items()))))
+    def add(
+        self,
+        id: str,
+        role: str,
+        fn,
+        inputs: Iterable[str] = (),
+        outputs: Iterable[str] = (),
+        keep_groups: bool = False,
+        doc: str = "",
+        arg_names: dict[str, str] | None = None,
+    ) -> "Pipeline":
+        self.nodes.append(
+            Node(
+                id,
+                role,
+                fn,
+                tuple(inputs),
+                tuple(outputs),
+                keep_groups,
+                doc,
+                tuple(sorted((arg_names or {}).items())),
+            )
+        )
         return self
 
     def node(self, node_id: str) -> Node:
@@ -92,18 +112,24 @@ class Pipeline:
         for n in self.nodes:
             for data_name, _ in n.arg_names:
                 if data_name not in n.inputs:
-                    raise PipelineError(f"node {n.id!r}: arg_names renames {data_name!r}, which is not one of its "
-                                        f"inputs {list(n.inputs)}")
+                    raise PipelineError(
+                        f"node {n.id!r}: arg_names renames {data_name!r}, which is not one of its "
+                        f"inputs {list(n.inputs)}"
+                    )
             for name in n.inputs:
                 if name not in produced_by and name not in self.sources:
-                    raise PipelineError(f"node {n.id!r}: input {name!r} is produced by no node "
-                                        f"(outputs: {sorted(produced_by)}; sources: {list(self.sources)})")
+                    raise PipelineError(
+                        f"node {n.id!r}: input {name!r} is produced by no node "
+                        f"(outputs: {sorted(produced_by)}; sources: {list(self.sources)})"
+                    )
         if roles_with_ranks is not None:
             available = set(roles_with_ranks) | {"all"}
             for n in self.nodes:
                 if n.role not in available:
-                    raise PipelineError(f"node {n.id!r} runs on role {n.role!r}, which has no ranks in this job "
-                                        f"(roles with ranks: {sorted(available)})")
+                    raise PipelineError(
+                        f"node {n.id!r} runs on role {n.role!r}, which has no ranks in this job "
+                        f"(roles with ranks: {sorted(available)})"
+                    )
         return self._topological_order(produced_by)
 
     def _topological_order(self, produced_by: dict[str, str]) -> list[Node]:
@@ -114,7 +140,7 @@ class Pipeline:
             if node_id in done:
                 return
             if node_id in visiting:
-                cycle = visiting[visiting.index(node_id):] + [node_id]
+                cycle = visiting[visiting.index(node_id) :] + [node_id]
                 raise PipelineError(f"pipeline {self.name!r} has a cycle: {' -> '.join(cycle)}")
             visiting.append(node_id)
             for dep in sorted(deps[node_id], key=self._position):

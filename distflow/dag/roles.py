@@ -1,4 +1,5 @@
 """Which ranks take which DAG role, and how each role's layout reads, from a ClusterLayout."""
+
 from distflow.layout import ClusterLayout
 
 
@@ -41,10 +42,14 @@ def describe_pipeline(pipeline, cluster: ClusterLayout) -> str:
     roles = ranks_of_role(cluster)
     lines = [f"pipeline {pipeline.name}: {len(order)} nodes, world size {cluster.placement.world_size}"]
     for i, node in enumerate(order, 1):
-        lines.append(f"{i:2d}. {node.id:<17} role={node.role:<8} ranks={_span(roles[node.role]):<8} "
-                     f"layout: {describe_role(cluster, node.role)}")
-        lines.append(f"      {', '.join(node.inputs) or '-'} -> {', '.join(node.outputs)}"
-                     + ("   [keeps prompt groups whole]" if node.keep_groups else ""))
+        lines.append(
+            f"{i:2d}. {node.id:<17} role={node.role:<8} ranks={_span(roles[node.role]):<8} "
+            f"layout: {describe_role(cluster, node.role)}"
+        )
+        lines.append(
+            f"      {', '.join(node.inputs) or '-'} -> {', '.join(node.outputs)}"
+            + ("   [keeps prompt groups whole]" if node.keep_groups else "")
+        )
         if node.doc:
             lines.append(f"      {node.doc}")
     return "\n".join(lines)

@@ -1,4 +1,5 @@
 """Training data: prompt parquet files in the common RL schema (prompts.py) and per-rank batches (loader.py)."""
+
 from distflow.data.loader import PromptLoader, epoch_order, val_batches
 from distflow.data.prompts import DataError, Prompt, PromptDataset
 

@@ -6,6 +6,7 @@ it (batch_size / R prompts), which is the same as rank r reading rows r::R of th
 last partial batch of an epoch is dropped so that every rank gets the same count. The state is (epoch,
 position in the epoch, in prompts): it does not depend on R, so a run may resume on another DP size.
 """
+
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -25,16 +26,26 @@ class PromptLoader:
     epoch. `state_dict()` after a batch and `load_state_dict()` into a fresh loader: the next batches are
     exactly those the original would have yielded."""
 
-    def __init__(self, dataset: Sequence[Prompt], batch_size: int, rank: int = 0, world_size: int = 1,
-                 shuffle: bool = True, seed: int = 1):
+    def __init__(
+        self,
+        dataset: Sequence[Prompt],
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        seed: int = 1,
+    ):
         if batch_size % world_size:
-            raise ValueError(f"data.train_batch_size={batch_size} must be divisible by the {world_size} rollout "
-                             "data-parallel ranks")
+            raise ValueError(
+                f"data.train_batch_size={batch_size} must be divisible by the {world_size} rollout "
+                "data-parallel ranks"
+            )
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
         if len(dataset) < batch_size:
-            raise ValueError(f"data.train_batch_size={batch_size} is larger than the dataset ({len(dataset)} "
-                             "prompts)")
+            raise ValueError(
+                f"data.train_batch_size={batch_size} is larger than the dataset ({len(dataset)} prompts)"
+            )
         self.dataset, self.batch_size, self.rank, self.world_size = dataset, batch_size, rank, world_size
         self.shuffle, self.seed = shuffle, seed
         self.epoch, self.position = 0, 0
@@ -56,25 +67,33 @@ class PromptLoader:
             self.epoch, self.position = self.epoch + 1, 0
         if self._order is None or self._order[0] != self.epoch:
             self._order = (self.epoch, epoch_order(len(self.dataset), self.epoch, self.seed, self.shuffle))
-        global_batch = self._order[1][self.position:self.position + self.batch_size]
+        global_batch = self._order[1][self.position : self.position + self.batch_size]
         self.position += self.batch_size
-        return [self.dataset[i] for i in global_batch[self.rank::self.world_size]]
+        return [self.dataset[i] for i in global_batch[self.rank :: self.world_size]]
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "num_rows": len(self.dataset), "seed": self.seed,
-                "shuffle": self.shuffle}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "num_rows": len(self.dataset),
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         expected = {"num_rows": len(self.dataset), "seed": self.seed, "shuffle": self.shuffle}
         changed = {k: (state[k], v) for k, v in expected.items() if k in state and state[k] != v}
         if changed:
-            raise ValueError(f"cannot resume the data order: {changed} ((checkpoint, now)) differ, so the "
-                             "remaining batches would not be the ones the run would have seen")
+            raise ValueError(
+                f"cannot resume the data order: {changed} ((checkpoint, now)) differ, so the "
+                "remaining batches would not be the ones the run would have seen"
+            )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
-def val_batches(dataset: Sequence[Prompt], batch_size: int, rank: int = 0,
-                world_size: int = 1) -> Iterator[list[Prompt]]:
+def val_batches(
+    dataset: Sequence[Prompt], batch_size: int, rank: int = 0, world_size: int = 1
+) -> Iterator[list[Prompt]]:
     """One pass over `dataset` in file order: global batches of `batch_size`, rank r taking rows r::R of each.
     The last batch may be partial, and ranks may then get different counts (possibly none)."""
     for start in range(0, len(dataset), batch_size):

@@ -5,6 +5,7 @@ already has (jsonl, or a dataset saved with `datasets.save_to_disk`), and the to
 data_source names follow the common conventions (those of verl's preprocessing scripts), so that the files
 also work elsewhere and reward.name=auto picks the right scorer.
 """
+
 import json
 import random
 from pathlib import Path
@@ -14,15 +15,16 @@ import pyarrow.parquet as pq
 
 from distflow.rewards.gsm8k import normalize_number
 
-GSM8K_INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 GSM8K_SOURCE = "openai/gsm8k"
 MATH_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 COPY_SOURCE = "distflow/copy"
 
 
-def schema_row(prompt_text: str, ground_truth: str, data_source: str, split: str, index: int, ability: str,
-               **extra) -> dict:
+def schema_row(
+    prompt_text: str, ground_truth: str, data_source: str, split: str, index: int, ability: str, **extra
+) -> dict:
     return {
         "data_source": data_source,
         "prompt": [{"role": "user", "content": prompt_text}],
@@ -39,7 +41,9 @@ def gsm_symbolic_rows(train: int, test: int, seed: int, difficulty: float = 1.0)
     import reasoning_gym  # imported here: ~5 s, only this source needs it
 
     want = train + test
-    generated = reasoning_gym.create_dataset("gsm_symbolic", size=4 * want + 100, seed=seed, difficulty=difficulty)
+    generated = reasoning_gym.create_dataset(
+        "gsm_symbolic", size=4 * want + 100, seed=seed, difficulty=difficulty
+    )
     seen, items = set(), []
     for item in generated:
         if item["question"] not in seen:
@@ -48,16 +52,27 @@ def gsm_symbolic_rows(train: int, test: int, seed: int, difficulty: float = 1.0)
             if len(items) == want:
                 break
     if len(items) < want:
-        raise ValueError(f"gsm_symbolic gave only {len(items)} distinct problems for seed {seed}; ask for fewer")
+        raise ValueError(
+            f"gsm_symbolic gave only {len(items)} distinct problems for seed {seed}; ask for fewer"
+        )
     rows = {"train": [], "test": []}
     for i, item in enumerate(items):
         split = "train" if i < train else "test"
         # reasoning-gym asks for the bare answer; we ask for GSM8K's "#### answer" instead.
         question = item["question"].replace(" Give the result as your final answer.", "").strip()
-        rows[split].append(schema_row(
-            f"{question} {GSM8K_INSTRUCTION}", normalize_number(item["answer"]), GSM8K_SOURCE, split,
-            len(rows[split]), "math", question=question, answer=item["metadata"].get("answer_cot", ""),
-            generator="reasoning_gym/gsm_symbolic"))
+        rows[split].append(
+            schema_row(
+                f"{question} {GSM8K_INSTRUCTION}",
+                normalize_number(item["answer"]),
+                GSM8K_SOURCE,
+                split,
+                len(rows[split]),
+                "math",
+                question=question,
+                answer=item["metadata"].get("answer_cot", ""),
+                generator="reasoning_gym/gsm_symbolic",
+            )
+        )
     return rows
 
 
@@ -69,8 +84,18 @@ def gsm8k_rows(records: list[dict], split: str, data_source: str = GSM8K_SOURCE)
         if "####" not in answer:
             raise ValueError(f"record {i}: answer has no '#### <number>' final answer: {answer[-80:]!r}")
         question = _field(r, ("question",), i)
-        rows.append(schema_row(f"{question} {GSM8K_INSTRUCTION}", normalize_number(answer.split("####")[-1]),
-                               data_source, split, i, "math", question=question, answer=answer))
+        rows.append(
+            schema_row(
+                f"{question} {GSM8K_INSTRUCTION}",
+                normalize_number(answer.split("####")[-1]),
+                data_source,
+                split,
+                i,
+                "math",
+                question=question,
+                answer=answer,
+            )
+        )
     return rows
 
 
@@ -87,17 +112,29 @@ def math_rows(records: list[dict], split: str, data_source: str = MATH_SOURCE) -
             answer = last_boxed(_field(r, ("solution",), i))
             if answer is None:
                 raise ValueError(f"record {i}: no 'answer' field and no \\boxed{{}} answer in its solution")
-        rows.append(schema_row(f"{problem} {MATH_INSTRUCTION}", str(answer), data_source, split, i, "math",
-                               question=problem, solution=str(r.get("solution", ""))))
+        rows.append(
+            schema_row(
+                f"{problem} {MATH_INSTRUCTION}",
+                str(answer),
+                data_source,
+                split,
+                i,
+                "math",
+                question=problem,
+                solution=str(r.get("solution", "")),
+            )
+        )
     return rows
 
 
 def copy_rows(digits: int, train: int, test: int, seed: int) -> dict[str, list[dict]]:
     """The toy copy task: the prompt is a digit string, the answer the same string. Distinct strings, drawn
     without replacement, so train and test never share one."""
-    space = 10 ** digits
+    space = 10**digits
     if train + test > space:
-        raise ValueError(f"only {space} strings of {digits} digits; cannot draw {train} + {test} distinct ones")
+        raise ValueError(
+            f"only {space} strings of {digits} digits; cannot draw {train} + {test} distinct ones"
+        )
     numbers = random.Random(seed).sample(range(space), train + test)
     rows = {"train": [], "test": []}
     for i, n in enumerate(numbers):

@@ -9,6 +9,7 @@ Files are parquet (.parquet), JSON lines (.jsonl) or a JSON array of rows (.json
 Every rank loads, validates and tokenizes all rows (cheap next to an RL step): the filter must give every rank
 the same row list so that the epoch order and the partitions agree without communication.
 """
+
 import json
 import logging
 from dataclasses import dataclass, field
@@ -47,8 +48,15 @@ class PromptDataset(Sequence[Prompt]):
     `stats`: rows (read), kept, filtered_too_long, skipped_bad_rows.
     """
 
-    def __init__(self, files: Sequence[str | Path], tokenizer, *, prompt_key: str = "prompt",
-                 max_prompt_length: int | None = None, skip_bad_rows: bool = False):
+    def __init__(
+        self,
+        files: Sequence[str | Path],
+        tokenizer,
+        *,
+        prompt_key: str = "prompt",
+        max_prompt_length: int | None = None,
+        skip_bad_rows: bool = False,
+    ):
         if not files:
             raise DataError("no data files given")
         self.files = [str(f) for f in files]
@@ -59,8 +67,9 @@ class PromptDataset(Sequence[Prompt]):
                     rows.append((index, *_validate(row, prompt_key)))
                 except DataError as e:
                     if not skip_bad_rows:
-                        raise DataError(f"{path}: row {row_in_file}: {e} (set data.skip_bad_rows=true to skip "
-                                        "bad rows)") from None
+                        raise DataError(
+                            f"{path}: row {row_in_file}: {e} (set data.skip_bad_rows=true to skip bad rows)"
+                        ) from None
                     bad.append(f"{path}: row {row_in_file}: {e}")
                 index += 1
         if bad:
@@ -73,10 +82,21 @@ class PromptDataset(Sequence[Prompt]):
                 too_long += 1
                 continue
             self.prompts.append(Prompt(row_index, input_ids, messages, data_source, ground_truth, extra_info))
-        self.stats = {"rows": index, "kept": len(self.prompts), "filtered_too_long": too_long,
-                      "skipped_bad_rows": len(bad)}
-        logger.info("data: %d rows from %d file(s): kept %d, filtered %d longer than %s tokens, skipped %d bad",
-                    index, len(self.files), len(self.prompts), too_long, max_prompt_length, len(bad))
+        self.stats = {
+            "rows": index,
+            "kept": len(self.prompts),
+            "filtered_too_long": too_long,
+            "skipped_bad_rows": len(bad),
+        }
+        logger.info(
+            "data: %d rows from %d file(s): kept %d, filtered %d longer than %s tokens, skipped %d bad",
+            index,
+            len(self.files),
+            len(self.prompts),
+            too_long,
+            max_prompt_length,
+            len(bad),
+        )
         if not self.prompts:
             raise DataError(_why_empty(self.files, self.stats, [len(x) for x in ids], max_prompt_length))
 
@@ -84,8 +104,13 @@ class PromptDataset(Sequence[Prompt]):
     def from_config(cls, data_cfg, tokenizer, split: str = "train") -> "PromptDataset":
         """The train or val split of a DataConfig (data.train_files / data.val_files)."""
         files = {"train": data_cfg.train_files, "val": data_cfg.val_files}[split]
-        return cls(files, tokenizer, prompt_key=data_cfg.prompt_key, max_prompt_length=data_cfg.max_prompt_length,
-                   skip_bad_rows=data_cfg.skip_bad_rows)
+        return cls(
+            files,
+            tokenizer,
+            prompt_key=data_cfg.prompt_key,
+            max_prompt_length=data_cfg.max_prompt_length,
+            skip_bad_rows=data_cfg.skip_bad_rows,
+        )
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -101,32 +126,44 @@ def _why_empty(files: list[str], stats: dict, lengths: list[int], max_prompt_len
     if stats["filtered_too_long"]:
         ordered = sorted(lengths)
         median, longest = ordered[len(ordered) // 2], ordered[-1]
-        advice = (f"set data.max_prompt_length={longest} to keep all of them" if median == longest else
-                  f"set data.max_prompt_length={longest} to keep all of them, or {median} to keep half")
-        return (f"every prompt in {files} is longer than data.max_prompt_length={max_prompt_length} tokens "
-                f"({stats}); the templated prompts have {ordered[0]} to {longest} tokens (median {median}): "
-                f"{advice}")
+        advice = (
+            f"set data.max_prompt_length={longest} to keep all of them"
+            if median == longest
+            else f"set data.max_prompt_length={longest} to keep all of them, or {median} to keep half"
+        )
+        return (
+            f"every prompt in {files} is longer than data.max_prompt_length={max_prompt_length} tokens "
+            f"({stats}); the templated prompts have {ordered[0]} to {longest} tokens (median {median}): "
+            f"{advice}"
+        )
     return f"no prompts left in {files} ({stats}): every row was skipped as bad"
 
 
 def _read_rows(path: str, prompt_key: str) -> list[dict]:
     """The rows of one data file; parquet reads only the schema's columns."""
     if not Path(path).is_file():
-        raise DataError(f"data file {path} does not exist" + (" (it is a folder; list its files)"
-                                                               if Path(path).is_dir() else ""))
+        raise DataError(
+            f"data file {path} does not exist"
+            + (" (it is a folder; list its files)" if Path(path).is_dir() else "")
+        )
     suffix = Path(path).suffix.lower()
     if suffix in (".jsonl", ".json"):
         return _read_json_rows(path)
     try:  # any other name is read as parquet
         schema = pq.read_schema(path)
     except (OSError, pa.ArrowException) as err:
-        raise DataError(f"data file {path} cannot be read as parquet ({err}); data files are parquet, .jsonl "
-                        "or .json") from None
+        raise DataError(
+            f"data file {path} cannot be read as parquet ({err}); data files are parquet, .jsonl or .json"
+        ) from None
     for required in (prompt_key, "data_source", "reward_model"):
         if required not in schema.names:
-            raise DataError(f"{path}: row 0: missing field {required!r} (the file has no such column; it has "
-                            f"{schema.names})")
-    columns = [prompt_key, "data_source", "reward_model"] + (["extra_info"] if "extra_info" in schema.names else [])
+            raise DataError(
+                f"{path}: row 0: missing field {required!r} (the file has no such column; it has "
+                f"{schema.names})"
+            )
+    columns = [prompt_key, "data_source", "reward_model"] + (
+        ["extra_info"] if "extra_info" in schema.names else []
+    )
     return pq.read_table(path, columns=columns).to_pylist()
 
 
@@ -151,8 +188,10 @@ def _read_json_rows(path: str) -> list[dict]:
                     raise DataError(f"data file {path}: line {line_no} is not a JSON object: {err}") from None
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise DataError(f"{path}: row {i}: expected a JSON object with prompt, data_source, reward_model; got "
-                            f"{type(row).__name__}")
+            raise DataError(
+                f"{path}: row {i}: expected a JSON object with prompt, data_source, reward_model; got "
+                f"{type(row).__name__}"
+            )
     return rows
 
 
@@ -183,8 +222,10 @@ def _tokenize_prompts(tokenizer, conversations: list[list[dict]]) -> list[list[i
     """Token ids of each conversation under the tokenizer's chat template, opened for the assistant's reply."""
     ids = []
     for start in range(0, len(conversations), _TOKENIZE_CHUNK):
-        texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
-                 for c in conversations[start:start + _TOKENIZE_CHUNK]]
+        texts = [
+            tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
+            for c in conversations[start : start + _TOKENIZE_CHUNK]
+        ]
         # The template already wrote the special tokens (bos, turn markers) as text.
         ids.extend(list(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"])
     return ids

@@ -1,7 +1,13 @@
 """What each rank sets up before it trains or generates: the default process group (gloo/NCCL) and Megatron's
 groups from a layout (process_groups), the training world of a disaggregated placement (training_world),
 and the library warnings it silences (library_noise)."""
+
 from distflow.distributed.process_groups import (
-    RankEnv, init_process_group, initialize_megatron_groups, resolve_device, seed_everything)
+    RankEnv,
+    init_process_group,
+    initialize_megatron_groups,
+    resolve_device,
+    seed_everything,
+)
 
 __all__ = ["RankEnv", "init_process_group", "initialize_megatron_groups", "resolve_device", "seed_everything"]

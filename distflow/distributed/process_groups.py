@@ -4,6 +4,7 @@ Called by every rank of a torchrun/srun job; the only inputs are the rank's envi
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and a validated ClusterLayout, so all ranks agree on
 every group without talking to a coordinator first.
 """
+
 import datetime
 import os
 import warnings
@@ -24,8 +25,11 @@ class RankEnv:
 
     @classmethod
     def from_environ(cls) -> "RankEnv":
-        return cls(rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1)),
-                   local_rank=int(os.environ.get("LOCAL_RANK", 0)))
+        return cls(
+            rank=int(os.environ.get("RANK", 0)),
+            world_size=int(os.environ.get("WORLD_SIZE", 1)),
+            local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+        )
 
 
 def resolve_device(requested: str) -> str:
@@ -33,7 +37,9 @@ def resolve_device(requested: str) -> str:
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda but no CUDA device is visible; use trainer.device=auto or cpu")
+        raise RuntimeError(
+            "trainer.device=cuda but no CUDA device is visible; use trainer.device=auto or cpu"
+        )
     return requested
 
 
@@ -50,8 +56,12 @@ def init_process_group(device: str, timeout_s: int) -> RankEnv:
         if "MASTER_ADDR" not in os.environ:  # a plain single-process run, outside torchrun
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group(backend="gloo" if device == "cpu" else "nccl", rank=env.rank,
-                                world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend="gloo" if device == "cpu" else "nccl",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
     return env
 
 
@@ -62,10 +72,14 @@ def initialize_megatron_groups(layout: ParallelLayout, placement: Placement, tim
     from megatron.core import parallel_state
 
     if len(placement.train_ranks) != layout.world_size:
-        raise LayoutError(f"the layout covers {layout.world_size} ranks but the placement trains on "
-                          f"{len(placement.train_ranks)}")
+        raise LayoutError(
+            f"the layout covers {layout.world_size} ranks but the placement trains on "
+            f"{len(placement.train_ranks)}"
+        )
     if placement.world_size != dist.get_world_size():
-        raise LayoutError(f"the placement covers {placement.world_size} ranks but the job has {dist.get_world_size()}")
+        raise LayoutError(
+            f"the placement covers {placement.world_size} ranks but the job has {dist.get_world_size()}"
+        )
     trains = training_world.set_up(placement)
     if trains:
         with training_world.training_world():
@@ -74,10 +88,14 @@ def initialize_megatron_groups(layout: ParallelLayout, placement: Placement, tim
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 parallel_state.initialize_model_parallel(
-                    tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+                    tensor_model_parallel_size=layout.tp,
+                    pipeline_model_parallel_size=layout.pp,
                     virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
-                    context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
-                    expert_tensor_parallel_size=layout.etp, distributed_timeout_minutes=max(1, timeout_s // 60))
+                    context_parallel_size=layout.cp,
+                    expert_model_parallel_size=layout.ep,
+                    expert_tensor_parallel_size=layout.etp,
+                    distributed_timeout_minutes=max(1, timeout_s // 60),
+                )
     if len(placement.train_ranks) != dist.get_world_size():  # Megatron's groups exist on some ranks only
         training_world.align_group_names()
     return trains

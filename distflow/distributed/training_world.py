@@ -10,6 +10,7 @@ so a rank's number is the same in both worlds and every group Megatron builds na
 Everything else (the data coordinator, the weight sync, metrics, checkpoint barriers) stays on the job's
 world, where the rollout ranks take part.
 """
+
 import contextlib
 import functools
 
@@ -57,10 +58,12 @@ def training_world():
 
 def in_training_world(fn):
     """Decorator: runs `fn` inside training_world()."""
+
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
         with training_world():
             return fn(*args, **kwargs)
+
     return wrapped
 
 

@@ -1,4 +1,5 @@
 """The few numbers of a model that parallel layouts are validated against, read from a HF config.json."""
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,15 +24,25 @@ class ModelShape:
             return int(config[key])
 
         heads = need("num_attention_heads")
-        experts = config.get("num_local_experts") or config.get("num_experts") or 0  # mixtral / qwen-moe names
+        experts = (
+            config.get("num_local_experts") or config.get("num_experts") or 0
+        )  # mixtral / qwen-moe names
         archs = config.get("architectures") or [None]
-        return cls(num_layers=need("num_hidden_layers"), num_heads=heads,
-                   num_kv_heads=int(config.get("num_key_value_heads") or heads), hidden_size=need("hidden_size"),
-                   vocab_size=need("vocab_size"), num_experts=int(experts), architecture=archs[0])
+        return cls(
+            num_layers=need("num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            hidden_size=need("hidden_size"),
+            vocab_size=need("vocab_size"),
+            num_experts=int(experts),
+            architecture=archs[0],
+        )
 
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> "ModelShape":
         config_file = Path(path) / "config.json"
         if not config_file.is_file():
-            raise FileNotFoundError(f"model.path={path}: no config.json there (expected a Hugging Face model dir)")
+            raise FileNotFoundError(
+                f"model.path={path}: no config.json there (expected a Hugging Face model dir)"
+            )
         return cls.from_hf_config(json.loads(config_file.read_text()), str(config_file))

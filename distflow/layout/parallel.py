@@ -4,6 +4,7 @@ The rank order is Megatron-Core's default ("tp-cp-ep-dp-pp" for the dense part: 
 so coordinates computed here agree with megatron.core.parallel_state without creating any group; planners
 (data and weight resharding) use these pure maps on every rank.
 """
+
 from dataclasses import dataclass
 from typing import Optional
 
@@ -33,8 +34,9 @@ class ParallelLayout:
     etp: int = 1
 
     @classmethod
-    def for_world(cls, world_size: int, tp=1, pp=1, cp=1, vpp=1, ep=1, etp: Optional[int] = None,
-                  role: str = "actor") -> "ParallelLayout":
+    def for_world(
+        cls, world_size: int, tp=1, pp=1, cp=1, vpp=1, ep=1, etp: Optional[int] = None, role: str = "actor"
+    ) -> "ParallelLayout":
         """Derives dp = world / (tp * pp * cp) and checks that every size fits `world_size` ranks."""
         for name, value in (("tp", tp), ("pp", pp), ("cp", cp), ("vpp", vpp), ("ep", ep)):
             if value < 1:
@@ -42,11 +44,15 @@ class ParallelLayout:
         etp = tp if etp is None else etp
         model_parallel = tp * pp * cp
         if world_size % model_parallel:
-            raise LayoutError(f"{role}: world size {world_size} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = "
-                              f"{model_parallel}; use a world size that is a multiple of {model_parallel}")
+            raise LayoutError(
+                f"{role}: world size {world_size} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = "
+                f"{model_parallel}; use a world size that is a multiple of {model_parallel}"
+            )
         if (world_size // pp) % (etp * ep):
-            raise LayoutError(f"{role}: ranks per pipeline stage ({world_size}/{pp} = {world_size // pp}) are not "
-                              f"divisible by etp*ep = {etp}*{ep} = {etp * ep}")
+            raise LayoutError(
+                f"{role}: ranks per pipeline stage ({world_size}/{pp} = {world_size // pp}) are not "
+                f"divisible by etp*ep = {etp}*{ep} = {etp * ep}"
+            )
         if vpp > 1 and pp == 1:
             raise LayoutError(f"{role}.vpp={vpp} needs pipeline parallelism (pp > 1)")
         return cls(tp=tp, pp=pp, dp=world_size // model_parallel, cp=cp, vpp=vpp, ep=ep, etp=etp)
@@ -58,14 +64,20 @@ class ParallelLayout:
     def validate_for_model(self, shape: ModelShape, role: str = "actor") -> None:
         """Heads and KV heads divisible by tp, layers by pp*vpp, experts by ep; errors name the numbers."""
         if shape.num_heads % self.tp:
-            raise LayoutError(f"{role}.tp={self.tp} does not divide the model's {shape.num_heads} attention heads")
+            raise LayoutError(
+                f"{role}.tp={self.tp} does not divide the model's {shape.num_heads} attention heads"
+            )
         if shape.num_kv_heads % self.tp:
-            raise LayoutError(f"{role}.tp={self.tp} does not divide the model's {shape.num_kv_heads} KV heads "
-                              f"(Megatron splits whole query groups over TP ranks)")
+            raise LayoutError(
+                f"{role}.tp={self.tp} does not divide the model's {shape.num_kv_heads} KV heads "
+                f"(Megatron splits whole query groups over TP ranks)"
+            )
         stages = self.pp * self.vpp
         if shape.num_layers % stages:
-            raise LayoutError(f"{role}: {shape.num_layers} layers cannot be split evenly over pp*vpp = "
-                              f"{self.pp}*{self.vpp} = {stages} stages")
+            raise LayoutError(
+                f"{role}: {shape.num_layers} layers cannot be split evenly over pp*vpp = "
+                f"{self.pp}*{self.vpp} = {stages} stages"
+            )
         if self.ep > 1 and not shape.num_experts:
             raise LayoutError(f"{role}.ep={self.ep} but the model is dense (no experts)")
         if shape.num_experts and shape.num_experts % self.ep:

@@ -5,6 +5,7 @@ consecutive ranks (its first rank owns the sglang.Engine object; an engine over 
 engine_tp / engine_nnodes of them on each, whose first starts that node's SGLang processes).
 disaggregated: the first world - rollout.num_ranks ranks train, the last rollout.num_ranks host engines only.
 """
+
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,27 +24,40 @@ class Placement:
     """Nodes one engine spans: engine_tp / engine_nnodes consecutive ranks of it on each."""
 
     @classmethod
-    def create(cls, kind: str, world_size: int, engine_tp: int, num_rollout_ranks: int = 0,
-               engine_nnodes: int = 1) -> "Placement":
+    def create(
+        cls, kind: str, world_size: int, engine_tp: int, num_rollout_ranks: int = 0, engine_nnodes: int = 1
+    ) -> "Placement":
         if world_size < 1:
             raise LayoutError(f"world size {world_size} must be >= 1")
         if kind == "colocated":
             train = rollout = tuple(range(world_size))
         elif kind == "disaggregated":
             if not 1 <= num_rollout_ranks < world_size:
-                raise LayoutError(f"rollout.num_ranks={num_rollout_ranks} must leave training ranks: it has to be "
-                                  f"between 1 and world size - 1 = {world_size - 1}")
+                raise LayoutError(
+                    f"rollout.num_ranks={num_rollout_ranks} must leave training ranks: it has to be "
+                    f"between 1 and world size - 1 = {world_size - 1}"
+                )
             train = tuple(range(world_size - num_rollout_ranks))
             rollout = tuple(range(world_size - num_rollout_ranks, world_size))
         else:
             raise LayoutError(f"rollout.placement={kind!r} is not one of ['colocated', 'disaggregated']")
         if len(rollout) % engine_tp:
-            raise LayoutError(f"rollout.engine_tp={engine_tp} does not divide the {len(rollout)} rollout ranks "
-                              f"({kind} placement, world size {world_size})")
+            raise LayoutError(
+                f"rollout.engine_tp={engine_tp} does not divide the {len(rollout)} rollout ranks "
+                f"({kind} placement, world size {world_size})"
+            )
         if engine_nnodes < 1 or engine_tp % engine_nnodes:
-            raise LayoutError(f"rollout.engine_nnodes={engine_nnodes} must divide rollout.engine_tp={engine_tp}")
-        return cls(kind=kind, world_size=world_size, train_ranks=train, rollout_ranks=rollout, engine_tp=engine_tp,
-                   engine_nnodes=engine_nnodes)
+            raise LayoutError(
+                f"rollout.engine_nnodes={engine_nnodes} must divide rollout.engine_tp={engine_tp}"
+            )
+        return cls(
+            kind=kind,
+            world_size=world_size,
+            train_ranks=train,
+            rollout_ranks=rollout,
+            engine_tp=engine_tp,
+            engine_nnodes=engine_nnodes,
+        )
 
     @property
     def num_engines(self) -> int:
@@ -51,7 +65,7 @@ class Placement:
 
     def engine_ranks(self, engine: int) -> tuple[int, ...]:
         """The ranks whose devices engine `engine` spans; the first one owns the sglang.Engine object."""
-        return self.rollout_ranks[engine * self.engine_tp:(engine + 1) * self.engine_tp]
+        return self.rollout_ranks[engine * self.engine_tp : (engine + 1) * self.engine_tp]
 
     def engine_of(self, rank: int) -> int | None:
         if rank not in self.rollout_ranks:
@@ -74,9 +88,13 @@ class Placement:
 
     def validate_for_model(self, shape: ModelShape) -> None:
         if shape.num_heads % self.engine_tp:
-            raise LayoutError(f"rollout.engine_tp={self.engine_tp} does not divide the model's "
-                              f"{shape.num_heads} attention heads")
+            raise LayoutError(
+                f"rollout.engine_tp={self.engine_tp} does not divide the model's "
+                f"{shape.num_heads} attention heads"
+            )
         kv = shape.num_kv_heads
         if kv % self.engine_tp and self.engine_tp % kv:
-            raise LayoutError(f"rollout.engine_tp={self.engine_tp} and the model's {kv} KV heads: one must divide "
-                              "the other (SGLang splits KV heads, or replicates them when engine_tp > KV heads)")
+            raise LayoutError(
+                f"rollout.engine_tp={self.engine_tp} and the model's {kv} KV heads: one must divide "
+                "the other (SGLang splits KV heads, or replicates them when engine_tp > KV heads)"
+            )

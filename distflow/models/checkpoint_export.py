@@ -12,6 +12,7 @@ DCP's own resharding planner helpers, in one process without a process group. (M
 dist_checkpointing.load cannot read part of a tensor at world size 1: it places the shards it does not
 want on rank (rank + 1) % world_size, i.e. on itself.) tools/convert_megatron_to_hf.py is the CLI.
 """
+
 import json
 import os
 import shutil
@@ -37,7 +38,15 @@ _EXPERTS_KEY = "mlp.experts.experts."  # SequentialMLP's global-expert prefix in
 _LOCAL_EXPERT = "mlp.experts.local_experts."
 _MODEL_MODULES = ("embedding", "decoder", "output_layer")  # GPTModel's top-level modules
 # Weight files of an HF directory, never copied beside the exported ones (the import tool skips the same).
-WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth", ".gguf")
+WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".safetensors.index.json",
+    ".bin",
+    ".bin.index.json",
+    ".pt",
+    ".pth",
+    ".gguf",
+)
 
 
 class InvalidMegatronCheckpoint(ValueError):
@@ -53,8 +62,9 @@ class DistCheckpointReader:
         try:
             stored = dcp.FileSystemReader(self.dir).read_metadata().state_dict_metadata
         except (OSError, EOFError, RuntimeError, ValueError) as error:
-            raise InvalidMegatronCheckpoint(f"{self.dir}: cannot read the checkpoint index (.metadata): "
-                                            f"{type(error).__name__}: {error}") from None
+            raise InvalidMegatronCheckpoint(
+                f"{self.dir}: cannot read the checkpoint index (.metadata): {type(error).__name__}: {error}"
+            ) from None
         self.metadata = {k: m for k, m in stored.items() if isinstance(m, TensorStorageMetadata)}
         """Sharded-tensor key -> its global size, dtype and saved chunks."""
         self.num_layers = hf_config["num_hidden_layers"]
@@ -67,17 +77,22 @@ class DistCheckpointReader:
             wanted[suffix] = self._key_of(suffix)
         keys = {key for key, _ in wanted.values()}
         loaded = self._load({key: (layer, self.num_layers) for key in keys})
-        return {f"decoder.layers.{layer}.{suffix}": loaded[key] if expert is None else loaded[key][expert]
-                for suffix, (key, expert) in wanted.items()}
+        return {
+            f"decoder.layers.{layer}.{suffix}": loaded[key] if expert is None else loaded[key][expert]
+            for suffix, (key, expert) in wanted.items()
+        }
 
     def outside_layers(self, first: bool) -> dict[str, torch.Tensor]:
         """The embedding (first=True), or the final norm and untied output layer (first=False)."""
-        rules = weight_mapping.param_rules(self.spec, self.config, num_layers=0, pre_process=first,
-                                           post_process=not first)
+        rules = weight_mapping.param_rules(
+            self.spec, self.config, num_layers=0, pre_process=first, post_process=not first
+        )
         names = [r.megatron for r in rules if r.exported]
         missing = [n for n in names if n not in self.metadata]
         if missing:
-            raise InvalidMegatronCheckpoint(f"{self.dir}: checkpoint has no {missing}; keys: {sorted(self.metadata)}")
+            raise InvalidMegatronCheckpoint(
+                f"{self.dir}: checkpoint has no {missing}; keys: {sorted(self.metadata)}"
+            )
         return self._load({n: None for n in names})
 
     def unused_keys(self) -> list[str]:
@@ -89,13 +104,15 @@ class DistCheckpointReader:
 
     def _key_of(self, local_suffix: str) -> tuple[str, int | None]:
         if local_suffix.startswith(_LOCAL_EXPERT):
-            expert, rest = local_suffix[len(_LOCAL_EXPERT):].split(".", 1)
+            expert, rest = local_suffix[len(_LOCAL_EXPERT) :].split(".", 1)
             return f"decoder.layers.{_EXPERTS_KEY}{rest}", int(expert)
         # The local spec saves its norms under Transformer Engine's fused names (sharded_state_dict_keys_map).
         for candidate in (weight_mapping.te_param_name(local_suffix), local_suffix):
             if f"decoder.layers.{candidate}" in self.metadata:
                 return f"decoder.layers.{candidate}", None
-        raise InvalidMegatronCheckpoint(f"{self.dir}: no checkpoint key for decoder layer parameter {local_suffix!r}")
+        raise InvalidMegatronCheckpoint(
+            f"{self.dir}: no checkpoint key for decoder layer parameter {local_suffix!r}"
+        )
 
     def _load(self, requests: dict[str, tuple[int, int] | None]) -> dict[str, torch.Tensor]:
         """key -> tensor, for requests key -> None (the whole tensor) or (layer, layer count): that layer's
@@ -106,21 +123,31 @@ class DistCheckpointReader:
             if part is not None and size[0] != part[1]:
                 raise InvalidMegatronCheckpoint(
                     f"{self.dir}: {key} stacks {size[0]} decoder layers, but the recorded config has "
-                    f"num_hidden_layers={part[1]}")
+                    f"num_hidden_layers={part[1]}"
+                )
             shape = size if part is None else (1, *size[1:])
             buffers[key] = torch.empty(shape, dtype=self.metadata[key].properties.dtype)
             offsets[key] = (0,) * len(size) if part is None else (part[0],) + (0,) * (len(size) - 1)
-        with warnings.catch_warnings():  # "torch.distributed is disabled ... load in a single process": intended
+        with (
+            warnings.catch_warnings()
+        ):  # "torch.distributed is disabled ... load in a single process": intended
             warnings.simplefilter("ignore", UserWarning)
             try:
-                dcp.load(buffers, storage_reader=dcp.FileSystemReader(self.dir), planner=_SliceLoadPlanner(offsets),
-                         no_dist=True)
+                dcp.load(
+                    buffers,
+                    storage_reader=dcp.FileSystemReader(self.dir),
+                    planner=_SliceLoadPlanner(offsets),
+                    no_dist=True,
+                )
             except CheckpointException as error:  # a BaseException: would escape `except Exception`
-                causes = "; ".join(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-                                   for e, _ in error.failures.values())
+                causes = "; ".join(
+                    f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+                    for e, _ in error.failures.values()
+                )
                 raise InvalidMegatronCheckpoint(
                     f"{self.dir}: cannot read {sorted(requests)} (a data file is missing, truncated or corrupt): "
-                    f"{causes}") from None
+                    f"{causes}"
+                ) from None
         self._used.update(requests)
         return {key: t if requests[key] is None else t[0] for key, t in buffers.items()}
 
@@ -149,8 +176,10 @@ def iter_hf_parts(reader: DistCheckpointReader, spec, hf_config: dict):
     vocab = hf_config["vocab_size"]
 
     def unpad(state):  # the checkpoint's vocabulary is padded for TP
-        return {n: t[:vocab] if n in ("embedding.word_embeddings.weight", "output_layer.weight") else t
-                for n, t in state.items()}
+        return {
+            n: t[:vocab] if n in ("embedding.word_embeddings.weight", "output_layer.weight") else t
+            for n, t in state.items()
+        }
 
     hf_shapes = expected_hf_shapes(spec, hf_config)
 
@@ -178,11 +207,22 @@ def _check_shapes(where: str, spec, hf_config: dict, state: dict, hf_shapes: dic
         if tuple(tensor.shape) != expected:
             wrong.append(f"{name} is {tuple(tensor.shape)}, expected {expected}")
     if wrong:
-        fields = ", ".join(f"{k}={hf_config.get(k)}" for k in (
-            "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-            "vocab_size") if k in hf_config)
-        raise InvalidMegatronCheckpoint(f"{where}: stored tensors disagree with the config recorded in "
-                                        f"{SOURCE_FILE_NAME} ({fields}): " + "; ".join(wrong[:10]))
+        fields = ", ".join(
+            f"{k}={hf_config.get(k)}"
+            for k in (
+                "hidden_size",
+                "intermediate_size",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "vocab_size",
+            )
+            if k in hf_config
+        )
+        raise InvalidMegatronCheckpoint(
+            f"{where}: stored tensors disagree with the config recorded in "
+            f"{SOURCE_FILE_NAME} ({fields}): " + "; ".join(wrong[:10])
+        )
 
 
 class ShardedSafetensorsWriter:
@@ -211,21 +251,29 @@ class ShardedSafetensorsWriter:
         if self._buffer:
             self._flush()
         count = len(self._files)
-        names = (["model.safetensors"] if count == 1
-                 else [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)])
+        names = (
+            ["model.safetensors"]
+            if count == 1
+            else [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+        )
         weight_map = {}
         for i, (tensor_names, final) in enumerate(zip(self._files, names)):
             os.replace(self.out_dir / f".part-{i}.safetensors", self.out_dir / final)
             weight_map.update({n: final for n in tensor_names})
         if count > 1:
-            index = {"metadata": {"total_size": self.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+            index = {
+                "metadata": {"total_size": self.total_bytes},
+                "weight_map": dict(sorted(weight_map.items())),
+            }
             (self.out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         return names
 
     def _flush(self) -> None:
         from safetensors.torch import save_file
 
-        save_file(self._buffer, self.out_dir / f".part-{len(self._files)}.safetensors", metadata={"format": "pt"})
+        save_file(
+            self._buffer, self.out_dir / f".part-{len(self._files)}.safetensors", metadata={"format": "pt"}
+        )
         self._files.append(list(self._buffer))
         self._buffer, self._buffer_bytes = {}, 0
 
@@ -239,20 +287,25 @@ def read_export_source(megatron_dir) -> dict:
             raise InvalidMegatronCheckpoint(
                 f"{megatron_dir}: an RL checkpoint written before DistFlow recorded its HF source (no "
                 f"{SOURCE_FILE_NAME}); pass the HF model directory it was trained from (the run's model.path), "
-                "e.g. tools/convert_megatron_to_hf.py --hf-config MODEL_DIR") from None
-        raise InvalidMegatronCheckpoint(f"{error} (or pass --hf-config MODEL_DIR: the HF model it was made from)") \
-            from None
+                "e.g. tools/convert_megatron_to_hf.py --hf-config MODEL_DIR"
+            ) from None
+        raise InvalidMegatronCheckpoint(
+            f"{error} (or pass --hf-config MODEL_DIR: the HF model it was made from)"
+        ) from None
     except AssertionError as error:
         raise InvalidMegatronCheckpoint(str(error)) from None
     except ValueError as error:  # json.JSONDecodeError
-        raise InvalidMegatronCheckpoint(f"{megatron_dir}/{SOURCE_FILE_NAME} is not valid JSON: {error}") from None
+        raise InvalidMegatronCheckpoint(
+            f"{megatron_dir}/{SOURCE_FILE_NAME} is not valid JSON: {error}"
+        ) from None
     missing = [k for k in ("hf_config", "dtype", "expert_layout") if k not in source]
     if missing:
         raise InvalidMegatronCheckpoint(f"{megatron_dir}/{SOURCE_FILE_NAME}: fields {missing} are missing")
     if source.get("value_head"):
         raise InvalidMegatronCheckpoint(
             f"{megatron_dir} is the {source.get('distflow_role', 'critic')}'s checkpoint: its output layer is a "
-            "value head, which has no Hugging Face causal-LM counterpart; export the actor's folder")
+            "value head, which has no Hugging Face causal-LM counterpart; export the actor's folder"
+        )
     return source
 
 
@@ -263,15 +316,18 @@ def export_source(megatron_dir, hf_source=None) -> tuple[dict, Path]:
         assets = Path(megatron_dir) / HF_ASSETS_DIR
         source = read_export_source(megatron_dir)
         if not assets.is_dir():
-            raise InvalidMegatronCheckpoint(f"{megatron_dir}: no {HF_ASSETS_DIR}/ (the HF config and tokenizer "
-                                            "files tools/convert_hf_to_megatron.py copies next to the checkpoint)")
+            raise InvalidMegatronCheckpoint(
+                f"{megatron_dir}: no {HF_ASSETS_DIR}/ (the HF config and tokenizer "
+                "files tools/convert_hf_to_megatron.py copies next to the checkpoint)"
+            )
         return source, assets
     try:
         ckpt = HFCheckpoint(hf_source)
         dtype = str(hf_dtype(ckpt.config)).removeprefix("torch.")
     except (OSError, ValueError, KeyError) as error:
-        raise InvalidMegatronCheckpoint(f"--hf-config {hf_source}: not a readable HF model directory "
-                                        f"({type(error).__name__}: {error})") from None
+        raise InvalidMegatronCheckpoint(
+            f"--hf-config {hf_source}: not a readable HF model directory ({type(error).__name__}: {error})"
+        ) from None
     return {"hf_config": ckpt.config, "dtype": dtype, "expert_layout": ckpt.expert_layout}, Path(hf_source)
 
 
@@ -291,8 +347,14 @@ def source_spec(megatron_dir, hf_config: dict):
         raise InvalidMegatronCheckpoint(str(error)) from None
 
 
-def export_to_hf(megatron_dir, out_dir, max_shard_bytes: int = 5 * 2**30, dtype: str | None = None,
-                 progress: bool = True, hf_source=None) -> dict:
+def export_to_hf(
+    megatron_dir,
+    out_dir,
+    max_shard_bytes: int = 5 * 2**30,
+    dtype: str | None = None,
+    progress: bool = True,
+    hf_source=None,
+) -> dict:
     """Writes the HF model directory `out_dir` from a dist checkpoint holding a GPTModel's sharded state:
     one made by checkpoint_import, or a role folder of an RL checkpoint (step_<N>/actor).
 
@@ -315,7 +377,9 @@ def export_to_hf(megatron_dir, out_dir, max_shard_bytes: int = 5 * 2**30, dtype:
         writer = ShardedSafetensorsWriter(tmp, max_shard_bytes)
         count = 0
         parts = iter_hf_parts(reader, spec, hf_config)
-        for what, hf in tqdm(parts, total=reader.num_layers + 2, desc="export", unit="part", disable=not progress):
+        for what, hf in tqdm(
+            parts, total=reader.num_layers + 2, desc="export", unit="part", disable=not progress
+        ):
             if source["expert_layout"] == expert_layout.FUSED:
                 hf = expert_layout.fuse_layer(spec, hf)
             for name, tensor in hf.items():
@@ -326,7 +390,8 @@ def export_to_hf(megatron_dir, out_dir, max_shard_bytes: int = 5 * 2**30, dtype:
         unused = reader.unused_keys()
         if unused:
             raise InvalidMegatronCheckpoint(
-                f"{megatron_dir}: checkpoint keys the {spec.family} mapping does not export: {unused}")
+                f"{megatron_dir}: checkpoint keys the {spec.family} mapping does not export: {unused}"
+            )
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # no half-written directory left behind
         raise
@@ -349,7 +414,9 @@ def verify_export(megatron_dir, hf_dir, progress: bool = True, hf_source=None) -
     reader = DistCheckpointReader(megatron_dir, spec, hf_config)
     problems, seen = [], set()
     parts = iter_hf_parts(reader, spec, hf_config)
-    for what, hf in tqdm(parts, total=reader.num_layers + 2, desc="verify", unit="part", disable=not progress):
+    for what, hf in tqdm(
+        parts, total=reader.num_layers + 2, desc="verify", unit="part", disable=not progress
+    ):
         for name, tensor in hf.items():
             seen.add(name)
             if name not in written_names:

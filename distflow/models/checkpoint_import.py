@@ -7,6 +7,7 @@ dist_checkpointing's resharding. Next to it, SOURCE_FILE records what export nee
 family, the padded vocabulary, the expert storage layout, and a copy of the HF non-weight files
 (tokenizer, generation config) under HF_ASSETS_DIR. tools/convert_hf_to_megatron.py is the CLI.
 """
+
 import json
 import shutil
 from dataclasses import asdict, dataclass
@@ -24,7 +25,15 @@ from distflow.models.moe import num_experts
 SOURCE_FILE = "distflow_hf_source.json"
 HF_ASSETS_DIR = "hf_assets"
 FORMAT_VERSION = 1
-_WEIGHT_SUFFIXES = (".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".pt", ".pth", ".gguf")
+_WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".safetensors.index.json",
+    ".bin",
+    ".bin.index.json",
+    ".pt",
+    ".pth",
+    ".gguf",
+)
 
 
 @dataclass(frozen=True)
@@ -48,11 +57,15 @@ class CheckpointLayout:
         shape = ModelShape.from_hf_config(hf_config)
         for what, count in (("attention heads", shape.num_heads), ("KV heads", shape.num_kv_heads)):
             if count % self.tp:
-                raise ValueError(f"--tp {self.tp} does not divide the model's {count} {what}; choose a tp that "
-                                 f"divides {count} ({[k for k in range(1, count + 1) if count % k == 0]})")
+                raise ValueError(
+                    f"--tp {self.tp} does not divide the model's {count} {what}; choose a tp that "
+                    f"divides {count} ({[k for k in range(1, count + 1) if count % k == 0]})"
+                )
         chunks = self.pp * (self.vpp or 1)
         if layers % chunks:
-            raise ValueError(f"{layers} layers do not split evenly over --pp {self.pp} x --vpp {self.vpp or 1}")
+            raise ValueError(
+                f"{layers} layers do not split evenly over --pp {self.pp} x --vpp {self.vpp or 1}"
+            )
         if self.vpp and self.pp < 2:
             raise ValueError("vpp needs pp >= 2")
         if (self.ep > 1 or (self.etp or self.tp) != self.tp) and not experts:
@@ -72,8 +85,15 @@ class CheckpointLayout:
         return self.tp * self.pp * self.data_parallel_size()
 
 
-def build_stage_models(spec, hf_config: dict, layout: CheckpointLayout, padded_vocab: int,
-                       dtype: torch.dtype, initialize: bool = False, **config_overrides) -> list:
+def build_stage_models(
+    spec,
+    hf_config: dict,
+    layout: CheckpointLayout,
+    padded_vocab: int,
+    dtype: torch.dtype,
+    initialize: bool = False,
+    **config_overrides,
+) -> list:
     """This rank's GPTModel chunks (one per virtual stage); Megatron's parallel state must be initialised
     with `layout`. initialize=False skips Megatron's random init (the weights are overwritten anyway);
     config_overrides go to TransformerConfig (e.g. moe_token_dispatcher_type).
@@ -82,22 +102,42 @@ def build_stage_models(spec, hf_config: dict, layout: CheckpointLayout, padded_v
     from megatron.core.models.gpt import GPTModel
     from megatron.core.transformer import TransformerConfig
 
-    config = TransformerConfig(**spec.transformer_config_kwargs(
-        hf_config, tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-        virtual_pipeline_model_parallel_size=layout.vpp, expert_model_parallel_size=layout.ep,
-        expert_tensor_parallel_size=layout.etp, sequence_parallel=False, use_cpu_initialization=True,
-        perform_initialization=initialize, params_dtype=dtype, pipeline_dtype=dtype, **config_overrides))
+    config = TransformerConfig(
+        **spec.transformer_config_kwargs(
+            hf_config,
+            tensor_model_parallel_size=layout.tp,
+            pipeline_model_parallel_size=layout.pp,
+            virtual_pipeline_model_parallel_size=layout.vpp,
+            expert_model_parallel_size=layout.ep,
+            expert_tensor_parallel_size=layout.etp,
+            sequence_parallel=False,
+            use_cpu_initialization=True,
+            perform_initialization=initialize,
+            params_dtype=dtype,
+            pipeline_dtype=dtype,
+            **config_overrides,
+        )
+    )
     fields = spec.gpt_model_fields(hf_config, layout.tp)
     chunks = []
     for vp_stage in range(layout.vpp or 1):
         vp = vp_stage if layout.vpp else None
-        chunks.append(GPTModel(
-            config=config, transformer_layer_spec=fields["layer_spec"], vocab_size=padded_vocab,
-            max_sequence_length=fields["max_sequence_length"], position_embedding_type="rope",
-            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
-            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
-            share_embeddings_and_output_weights=fields["tie_embeddings"], rotary_base=fields["rotary_base"],
-            rope_scaling=fields["rope_scaling"], rope_scaling_factor=fields["rope_scaling_factor"], vp_stage=vp))
+        chunks.append(
+            GPTModel(
+                config=config,
+                transformer_layer_spec=fields["layer_spec"],
+                vocab_size=padded_vocab,
+                max_sequence_length=fields["max_sequence_length"],
+                position_embedding_type="rope",
+                pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+                post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
+                share_embeddings_and_output_weights=fields["tie_embeddings"],
+                rotary_base=fields["rotary_base"],
+                rope_scaling=fields["rope_scaling"],
+                rope_scaling_factor=fields["rope_scaling_factor"],
+                vp_stage=vp,
+            )
+        )
     return chunks
 
 
@@ -108,23 +148,49 @@ def load_hf_into_chunks(chunks: list, spec, ckpt: HFCheckpoint, padded_vocab: in
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     for chunk in chunks:
-        ranks = dict(tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
-                     ep_rank=ps.get_expert_model_parallel_rank(), ep_size=ps.get_expert_model_parallel_world_size(),
-                     etp_rank=ps.get_expert_tensor_parallel_rank(),
-                     etp_size=ps.get_expert_tensor_parallel_world_size(), padded_vocab_size=padded_vocab)
+        ranks = dict(
+            tp_rank=ps.get_tensor_model_parallel_rank(),
+            tp_size=ps.get_tensor_model_parallel_world_size(),
+            ep_rank=ps.get_expert_model_parallel_rank(),
+            ep_size=ps.get_expert_model_parallel_world_size(),
+            etp_rank=ps.get_expert_tensor_parallel_rank(),
+            etp_size=ps.get_expert_tensor_parallel_world_size(),
+            padded_vocab_size=padded_vocab,
+        )
         offset = get_transformer_layer_offset(chunk.config, vp_stage=getattr(chunk, "vp_stage", None))
         params = {n: t for n, t in chunk.state_dict(keep_vars=True).items() if not n.endswith("_extra_state")}
-        filled = _copy_into(params, hf_to_megatron_shard(
-            spec, ckpt.config, ckpt.get, num_layers=0, pre_process=chunk.pre_process,
-            post_process=chunk.post_process, **ranks))
+        filled = _copy_into(
+            params,
+            hf_to_megatron_shard(
+                spec,
+                ckpt.config,
+                ckpt.get,
+                num_layers=0,
+                pre_process=chunk.pre_process,
+                post_process=chunk.post_process,
+                **ranks,
+            ),
+        )
         for local in range(len(chunk.decoder.layers)):
-            layer = hf_to_megatron_shard(spec, ckpt.config, ckpt.get, layer_offset=offset + local, num_layers=1,
-                                         pre_process=False, post_process=False, **ranks)
-            filled |= _copy_into(params, {n.replace("decoder.layers.0.", f"decoder.layers.{local}.", 1): t
-                                          for n, t in layer.items()})
+            layer = hf_to_megatron_shard(
+                spec,
+                ckpt.config,
+                ckpt.get,
+                layer_offset=offset + local,
+                num_layers=1,
+                pre_process=False,
+                post_process=False,
+                **ranks,
+            )
+            filled |= _copy_into(
+                params,
+                {n.replace("decoder.layers.0.", f"decoder.layers.{local}.", 1): t for n, t in layer.items()},
+            )
         if filled != params.keys():
-            raise RuntimeError(f"{ckpt.model_dir}: the {spec.family} mapping leaves GPTModel parameters unset: "
-                               f"{sorted(params.keys() - filled)}")
+            raise RuntimeError(
+                f"{ckpt.model_dir}: the {spec.family} mapping leaves GPTModel parameters unset: "
+                f"{sorted(params.keys() - filled)}"
+            )
 
 
 def _copy_into(params: dict, shard: dict) -> set:
@@ -155,9 +221,12 @@ def convert_rank(hf_dir, out_dir, layout: CheckpointLayout) -> None:
     spec = check_hf_checkpoint(ckpt)
     layout.validate(ckpt.config)
     ps.initialize_model_parallel(
-        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-        virtual_pipeline_model_parallel_size=layout.vpp, expert_model_parallel_size=layout.ep,
-        expert_tensor_parallel_size=layout.etp)
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp,
+        expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.etp,
+    )
     padded_vocab = tp_sharding.padded_vocab_size(ckpt.config["vocab_size"], layout.tp)
     chunks = build_stage_models(spec, ckpt.config, layout, padded_vocab, hf_dtype(ckpt.config))
     load_hf_into_chunks(chunks, spec, ckpt, padded_vocab)
@@ -172,26 +241,39 @@ def convert_rank(hf_dir, out_dir, layout: CheckpointLayout) -> None:
     ps.destroy_model_parallel()
 
 
-def write_source(out_dir: Path, ckpt: HFCheckpoint, spec, layout: CheckpointLayout, padded_vocab: int) -> None:
+def write_source(
+    out_dir: Path, ckpt: HFCheckpoint, spec, layout: CheckpointLayout, padded_vocab: int
+) -> None:
     """SOURCE_FILE and the HF non-weight files, so that export rebuilds config and tokenizer."""
     assets = out_dir / HF_ASSETS_DIR
     assets.mkdir(exist_ok=True)
     for f in ckpt.model_dir.iterdir():
         if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES):
             shutil.copy2(f, assets / f.name)
-    source = dict(format_version=FORMAT_VERSION, family=spec.family, hf_architecture=spec.hf_architecture,
-                  hf_source_dir=str(ckpt.model_dir.resolve()), hf_config=ckpt.config,
-                  padded_vocab_size=padded_vocab, expert_layout=ckpt.expert_layout,
-                  dtype=str(hf_dtype(ckpt.config)).removeprefix("torch."), saved_layout=asdict(layout))
+    source = dict(
+        format_version=FORMAT_VERSION,
+        family=spec.family,
+        hf_architecture=spec.hf_architecture,
+        hf_source_dir=str(ckpt.model_dir.resolve()),
+        hf_config=ckpt.config,
+        padded_vocab_size=padded_vocab,
+        expert_layout=ckpt.expert_layout,
+        dtype=str(hf_dtype(ckpt.config)).removeprefix("torch."),
+        saved_layout=asdict(layout),
+    )
     (out_dir / SOURCE_FILE).write_text(json.dumps(source, indent=1, sort_keys=True) + "\n")
 
 
 def read_source(megatron_dir) -> dict:
     path = Path(megatron_dir) / SOURCE_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{megatron_dir}: no {SOURCE_FILE}; was it written by tools/convert_hf_to_megatron.py?")
+        raise FileNotFoundError(
+            f"{megatron_dir}: no {SOURCE_FILE}; was it written by tools/convert_hf_to_megatron.py?"
+        )
     source = json.loads(path.read_text())
-    assert source["format_version"] == FORMAT_VERSION, f"{path}: unknown format_version {source['format_version']}"
+    assert source["format_version"] == FORMAT_VERSION, (
+        f"{path}: unknown format_version {source['format_version']}"
+    )
     return source
 
 

@@ -6,6 +6,7 @@ HFCheckpoint.get), and returns exactly the state_dict entries of that rank's GPT
 `merge_expert_parallel` first renumbers the experts of every EP rank globally. Whole checkpoints go
 through checkpoint_import.py / checkpoint_export.py (Megatron dist checkpoints).
 """
+
 import json
 from pathlib import Path
 from typing import Callable
@@ -17,13 +18,24 @@ from distflow.models import expert_layout, tp_sharding, weight_mapping
 from distflow.models.spec import DenseFamilySpec, as_config_dict
 
 
-
-def hf_to_megatron_shard(spec: DenseFamilySpec, hf_config, get_hf_tensor: Callable[[str], torch.Tensor], *,
-                         tp_rank: int = 0, tp_size: int = 1, layer_offset: int = 0,
-                         num_layers: int | None = None, pre_process: bool = True, post_process: bool = True,
-                         make_vocab_size_divisible_by: int = 128, ep_rank: int = 0, ep_size: int = 1,
-                         etp_rank: int | None = None, etp_size: int | None = None,
-                         padded_vocab_size: int | None = None) -> dict[str, torch.Tensor]:
+def hf_to_megatron_shard(
+    spec: DenseFamilySpec,
+    hf_config,
+    get_hf_tensor: Callable[[str], torch.Tensor],
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    layer_offset: int = 0,
+    num_layers: int | None = None,
+    pre_process: bool = True,
+    post_process: bool = True,
+    make_vocab_size_divisible_by: int = 128,
+    ep_rank: int = 0,
+    ep_size: int = 1,
+    etp_rank: int | None = None,
+    etp_size: int | None = None,
+    padded_vocab_size: int | None = None,
+) -> dict[str, torch.Tensor]:
     """Megatron name -> this rank's tensor, for the stage holding layers layer_offset .. +num_layers.
 
     MoE: the rank holds the experts of EP rank ep_rank (as local experts 0, 1, ...), each split over the
@@ -31,24 +43,39 @@ def hf_to_megatron_shard(spec: DenseFamilySpec, hf_config, get_hf_tensor: Callab
     overrides the TP padding rule (a checkpoint's recorded size, when loading into another layout).
     """
     cfg = as_config_dict(hf_config)
-    padded_vocab = padded_vocab_size or tp_sharding.padded_vocab_size(cfg["vocab_size"], tp_size,
-                                                                      make_vocab_size_divisible_by)
+    padded_vocab = padded_vocab_size or tp_sharding.padded_vocab_size(
+        cfg["vocab_size"], tp_size, make_vocab_size_divisible_by
+    )
     etp_rank, etp_size = (tp_rank, tp_size) if etp_size is None else (etp_rank, etp_size)
     state = {}
-    for rule in weight_mapping.param_rules(spec, cfg, layer_offset=layer_offset, num_layers=num_layers,
-                                           pre_process=pre_process, post_process=post_process,
-                                           ep_rank=ep_rank, ep_size=ep_size):
+    for rule in weight_mapping.param_rules(
+        spec,
+        cfg,
+        layer_offset=layer_offset,
+        num_layers=num_layers,
+        pre_process=pre_process,
+        post_process=post_process,
+        ep_rank=ep_rank,
+        ep_size=ep_size,
+    ):
         full = weight_mapping.to_megatron(rule, [get_hf_tensor(name) for name in rule.hf], cfg)
-        rank, size = (etp_rank, etp_size) if tp_sharding.is_expert_param(rule.megatron) else (tp_rank, tp_size)
+        rank, size = (
+            (etp_rank, etp_size) if tp_sharding.is_expert_param(rule.megatron) else (tp_rank, tp_size)
+        )
         state[rule.megatron] = tp_sharding.shard(rule.megatron, full, rank, size, padded_vocab)
     return state
 
 
-def megatron_shards_to_full(tp_states: list[dict[str, torch.Tensor]], vocab_size: int) -> dict[str, torch.Tensor]:
+def megatron_shards_to_full(
+    tp_states: list[dict[str, torch.Tensor]], vocab_size: int
+) -> dict[str, torch.Tensor]:
     """One stage's state from every TP rank's state (rank order) -> full tensors with the HF vocabulary.
     With MoE the experts' shards must come from the expert-TP ranks (the same ranks unless ETP != TP)."""
-    return {name: tp_sharding.unshard(name, [s[name] for s in tp_states], vocab_size)
-            for name in tp_states[0] if not name.endswith("_extra_state")}
+    return {
+        name: tp_sharding.unshard(name, [s[name] for s in tp_states], vocab_size)
+        for name in tp_states[0]
+        if not name.endswith("_extra_state")
+    }
 
 
 def merge_expert_parallel(ep_states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -61,21 +88,24 @@ def merge_expert_parallel(ep_states: list[dict[str, torch.Tensor]]) -> dict[str,
             match = tp_sharding.LOCAL_EXPERT.search(name)
             if match:
                 global_e = ep_rank * per_rank + int(match.group(1))
-                name = f"{name[:match.start(1)]}{global_e}{name[match.end(1):]}"
+                name = f"{name[: match.start(1)]}{global_e}{name[match.end(1) :]}"
             elif ep_rank > 0:
                 continue  # non-expert parameters are replicated over EP ranks
             merged[name] = tensor
     return merged
 
 
-def megatron_full_to_hf(spec: DenseFamilySpec, hf_config, megatron_full: dict[str, torch.Tensor], *,
-                        layer_offset: int = 0) -> dict[str, torch.Tensor]:
+def megatron_full_to_hf(
+    spec: DenseFamilySpec, hf_config, megatron_full: dict[str, torch.Tensor], *, layer_offset: int = 0
+) -> dict[str, torch.Tensor]:
     """HF name -> tensor for full Megatron tensors of a stage whose first layer is global layer_offset."""
     cfg = as_config_dict(hf_config)
     hf = {}
     for name, tensor in megatron_full.items():
         if not name.endswith("_extra_state"):
-            hf.update(weight_mapping.to_hf(weight_mapping.rule_for(spec, cfg, name, layer_offset), tensor, cfg))
+            hf.update(
+                weight_mapping.to_hf(weight_mapping.rule_for(spec, cfg, name, layer_offset), tensor, cfg)
+            )
     return hf
 
 
@@ -100,7 +130,9 @@ class HFCheckpoint:
         self._stored_shapes = {}
         for file in sorted(set(file_of.values())):
             with safe_open(self.model_dir / file, "pt") as f:
-                self._stored_shapes.update({n: tuple(f.get_slice(n).get_shape()) for n in f.keys() if n in file_of})
+                self._stored_shapes.update(
+                    {n: tuple(f.get_slice(n).get_shape()) for n in f.keys() if n in file_of}
+                )
         self._file_of = file_of
         if self.expert_layout == expert_layout.FUSED:
             from distflow.models.registry import spec_for
@@ -125,7 +157,9 @@ class HFCheckpoint:
         with safe_open(self.model_dir / self._file_of[where.stored], "pt") as f:
             if where.expert is None:
                 return f.get_tensor(where.stored)
-            return expert_layout.read_slice(f.get_slice(where.stored), where, self._stored_shapes[where.stored])
+            return expert_layout.read_slice(
+                f.get_slice(where.stored), where, self._stored_shapes[where.stored]
+            )
 
     def _where(self, name: str) -> "expert_layout.StoredSlice":
         assert name in self._sources, f"{self.model_dir}: no tensor {name!r} in the checkpoint"

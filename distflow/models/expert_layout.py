@@ -11,6 +11,7 @@
 `fused_sources` tells a reader where each canonical tensor lies in a fused file (a slice of which stored
 tensor), and `fuse_layer` turns one layer's canonical tensors back into the fused ones for export.
 """
+
 import re
 from dataclasses import dataclass
 
@@ -49,7 +50,9 @@ def fused_sources(spec, stored_shapes: dict[str, tuple]) -> dict[str, StoredSlic
         parts = (("gate", gate), ("up", up)) if kind == "gate_up_proj" else (("down", down),)
         for e in range(shape[0]):
             for part, projection in parts:
-                sources[f"{layer}.{spec.hf_moe_block}.experts.{e}.{projection}.weight"] = StoredSlice(name, e, part)
+                sources[f"{layer}.{spec.hf_moe_block}.experts.{e}.{projection}.weight"] = StoredSlice(
+                    name, e, part
+                )
     return sources
 
 
@@ -59,10 +62,10 @@ def read_slice(tensor_slice, where: StoredSlice, stored_shape: tuple) -> torch.T
         return tensor_slice[:]
     e = where.expert
     if where.part == "down":
-        return tensor_slice[e:e + 1].squeeze(0).contiguous()
+        return tensor_slice[e : e + 1].squeeze(0).contiguous()
     half = stored_shape[1] // 2
     rows = slice(0, half) if where.part == "gate" else slice(half, stored_shape[1])
-    return tensor_slice[e:e + 1, rows].squeeze(0).contiguous()
+    return tensor_slice[e : e + 1, rows].squeeze(0).contiguous()
 
 
 def fuse_layer(spec, canonical: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -81,7 +84,8 @@ def fuse_layer(spec, canonical: dict[str, torch.Tensor]) -> dict[str, torch.Tens
         order = sorted(by_expert)
         assert order == list(range(len(order))), f"{layer}: experts {order} are not all present to fuse"
         stored[f"{layer}.mlp.experts.gate_up_proj"] = torch.stack(
-            [torch.cat([by_expert[e][gate], by_expert[e][up]]) for e in order])
+            [torch.cat([by_expert[e][gate], by_expert[e][up]]) for e in order]
+        )
         stored[f"{layer}.mlp.experts.down_proj"] = torch.stack([by_expert[e][down] for e in order])
     return stored
 

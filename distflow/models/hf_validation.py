@@ -6,6 +6,7 @@ field, instead of failing later inside Megatron or, worse, converting silently w
 from the weight mapping (every HF tensor some Megatron parameter is made of), expected shapes from the
 config by the rules below.
 """
+
 import re
 
 from distflow.models import weight_mapping
@@ -25,8 +26,9 @@ def spec_or_error(hf_config: dict, source: str = "config.json") -> DenseFamilySp
     if not architectures:
         raise InvalidHFCheckpoint(f"{source}: no `architectures` field; supported: {families}")
     if architectures[0] not in SPECS:
-        raise InvalidHFCheckpoint(f"{source}: architecture {architectures[0]!r} has no model family spec; "
-                                  f"supported: {families}")
+        raise InvalidHFCheckpoint(
+            f"{source}: architecture {architectures[0]!r} has no model family spec; supported: {families}"
+        )
     spec = SPECS[architectures[0]]
     try:
         spec.check_supported(hf_config)
@@ -54,17 +56,25 @@ def check_hf_checkpoint(ckpt) -> DenseFamilySpec:
     problems = []
     missing = sorted(expected.keys() - present)
     extra = sorted(present - expected.keys())
-    wrong = [(n, ckpt.shape(n), expected[n]) for n in sorted(expected.keys() & present) if ckpt.shape(n) != expected[n]]
+    wrong = [
+        (n, ckpt.shape(n), expected[n])
+        for n in sorted(expected.keys() & present)
+        if ckpt.shape(n) != expected[n]
+    ]
     if missing:
         problems.append(f"missing tensors ({len(missing)}): {missing[:10]}")
     if extra:
         problems.append(f"tensors the {spec.family} config does not explain ({len(extra)}): {extra[:10]}")
     if wrong:
-        problems.append(f"shapes that disagree with the config ({len(wrong)}): "
-                        + "; ".join(f"{n} is {tuple(got)}, expected {want}" for n, got, want in wrong[:10]))
+        problems.append(
+            f"shapes that disagree with the config ({len(wrong)}): "
+            + "; ".join(f"{n} is {tuple(got)}, expected {want}" for n, got, want in wrong[:10])
+        )
     if problems:
-        raise InvalidHFCheckpoint(f"{ckpt.model_dir}: not a valid {spec.hf_architecture} checkpoint for its "
-                                  f"config.json:\n  " + "\n  ".join(problems))
+        raise InvalidHFCheckpoint(
+            f"{ckpt.model_dir}: not a valid {spec.hf_architecture} checkpoint for its "
+            f"config.json:\n  " + "\n  ".join(problems)
+        )
     return spec
 
 
@@ -93,8 +103,14 @@ def _shape(spec, cfg: dict, name: str) -> tuple[int, ...]:
             return (num_experts(cfg), hidden)
         if name.endswith("shared_expert_gate.weight"):
             return (1, hidden)
-        ffn = cfg["shared_expert_intermediate_size"] if ".shared_expert." in name else cfg[spec.hf_expert_ffn_key]
-        if re.search(rf"\.experts\.\d+\.{down}\.weight$", name) or name.endswith("shared_expert.down_proj.weight"):
+        ffn = (
+            cfg["shared_expert_intermediate_size"]
+            if ".shared_expert." in name
+            else cfg[spec.hf_expert_ffn_key]
+        )
+        if re.search(rf"\.experts\.\d+\.{down}\.weight$", name) or name.endswith(
+            "shared_expert.down_proj.weight"
+        ):
             return (hidden, ffn)
         return (ffn, hidden)
     ffn = cfg["intermediate_size"]

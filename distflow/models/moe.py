@@ -12,6 +12,7 @@ with the same weights as HF:
 - plain top-k (norm_topk_prob=False): softmax over all experts, then top k, no renormalisation:
   moe_router_pre_softmax=True.
 """
+
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -51,8 +52,10 @@ class MoEFamilySpec(DenseFamilySpec):
             moe_grouped_gemm=False,
         )
         if self.shared_expert:
-            moe_kwargs.update(moe_shared_expert_intermediate_size=cfg["shared_expert_intermediate_size"],
-                              moe_shared_expert_gate=True)
+            moe_kwargs.update(
+                moe_shared_expert_intermediate_size=cfg["shared_expert_intermediate_size"],
+                moe_shared_expert_gate=True,
+            )
         overlap = set(moe_kwargs) & set(parallel)
         assert not overlap, f"{sorted(overlap)} come from the HF config, not from the parallel settings"
         return {**super().transformer_config_kwargs(cfg, **parallel), **moe_kwargs}
@@ -65,9 +68,14 @@ class MoEFamilySpec(DenseFamilySpec):
         experts = num_experts(as_config_dict(hf_config))
         if use_transformer_engine:
             return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
-                num_experts=experts, moe_grouped_gemm=False, qk_layernorm=self.qk_layernorm)
-        return gpt_layer_specs.get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False,
-                                                        qk_layernorm=self.qk_layernorm, normalization="RMSNorm")
+                num_experts=experts, moe_grouped_gemm=False, qk_layernorm=self.qk_layernorm
+            )
+        return gpt_layer_specs.get_gpt_layer_local_spec(
+            num_experts=experts,
+            moe_grouped_gemm=False,
+            qk_layernorm=self.qk_layernorm,
+            normalization="RMSNorm",
+        )
 
     def renormalises_topk(self, cfg: dict) -> bool:
         if self.hf_norm_topk_key is None:
@@ -76,13 +84,16 @@ class MoEFamilySpec(DenseFamilySpec):
 
     def check_supported(self, cfg: dict) -> None:
         super().check_supported(cfg)
-        assert num_experts(cfg) > 0, f"{self.family}: the config names no experts ({' / '.join(NUM_EXPERTS_KEYS)})"
+        assert num_experts(cfg) > 0, (
+            f"{self.family}: the config names no experts ({' / '.join(NUM_EXPERTS_KEYS)})"
+        )
         # Qwen-MoE can interleave dense MLP layers (Megatron: moe_layer_freq); no released checkpoint does.
         dense_layers = cfg.get("mlp_only_layers") or []
         step = cfg.get("decoder_sparse_step", 1)
         assert not dense_layers and step == 1, (
             f"{self.family}: dense MLP layers (mlp_only_layers={dense_layers}, decoder_sparse_step={step}) "
-            "are not mapped; every layer must be a MoE layer")
+            "are not mapped; every layer must be a MoE layer"
+        )
         # Mixtral's jitter scales the experts' input too, Megatron's moe_input_jitter_eps only the router's.
         assert not cfg.get("router_jitter_noise"), f"{self.family}: router_jitter_noise is not mapped"
 

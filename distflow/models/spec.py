@@ -4,6 +4,7 @@ A `DenseFamilySpec` is the one description per Hugging Face architecture (see re
 name mapping (weight_mapping.py) and the TP layout (tp_sharding.py) read the same spec, so a family's
 differences (qkv bias, q/k norm, head_dim) are written down once.
 """
+
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -62,8 +63,13 @@ class DenseFamilySpec:
         assert not overlap, f"{sorted(overlap)} come from the HF config, not from the parallel settings"
         return {**kwargs, **parallel}
 
-    def gpt_model_fields(self, hf_config, tp_size: int, make_vocab_size_divisible_by: int = 128,
-                         use_transformer_engine: bool = False) -> dict:
+    def gpt_model_fields(
+        self,
+        hf_config,
+        tp_size: int,
+        make_vocab_size_divisible_by: int = 128,
+        use_transformer_engine: bool = False,
+    ) -> dict:
         """What GPTModel needs beyond TransformerConfig (the fields of workers.megatron GPTBuildSpec).
 
         vocab_size is padded for TP as Megatron's training scripts do, so its rows split evenly; the
@@ -89,7 +95,9 @@ class DenseFamilySpec:
 
         if use_transformer_engine:
             return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=self.qk_layernorm)
-        return gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=self.qk_layernorm, normalization="RMSNorm")
+        return gpt_layer_specs.get_gpt_layer_local_spec(
+            qk_layernorm=self.qk_layernorm, normalization="RMSNorm"
+        )
 
     def check_supported(self, cfg: dict) -> None:
         """Fails loudly on checkpoint features this spec would otherwise silently get wrong."""
@@ -99,13 +107,18 @@ class DenseFamilySpec:
             assert not cfg.get("attention_bias", False), f"{self.family}: attention biases are not mapped"
         # TODO: Mistral's sliding window maps to TransformerConfig.window_size; not verified against HF yet.
         assert cfg.get("sliding_window") is None or not cfg.get("use_sliding_window", True), (
-            f"{self.family}: sliding-window attention (sliding_window={cfg.get('sliding_window')}) is not mapped")
+            f"{self.family}: sliding-window attention (sliding_window={cfg.get('sliding_window')}) is not mapped"
+        )
         check_rope_scaling(self.family, cfg)
 
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 """HF rope types the families map: plain RoPE, and Llama 3.1's frequency-dependent scaling."""
-MEGATRON_LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+MEGATRON_LLAMA3_FIXED = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 """What megatron-core 0.16's RotaryEmbedding._apply_scaling hard-codes (GPTModel passes only `factor`);
 every released Llama 3.1/3.2/3.3 checkpoint uses these values, with factor 8 (3.1, 3.3) or 32 (3.2)."""
 
@@ -126,19 +139,25 @@ def check_rope_scaling(family: str, cfg: dict) -> None:
     params, kind = rope_parameters(cfg), rope_type(cfg)
     assert kind in SUPPORTED_ROPE_TYPES, (
         f"{family}: rope scaling {kind!r} (config rope_scaling.rope_type) is not mapped; supported rope types: "
-        f"{list(SUPPORTED_ROPE_TYPES)}")
+        f"{list(SUPPORTED_ROPE_TYPES)}"
+    )
     partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    assert partial == 1.0, f"{family}: partial_rotary_factor={partial} is not mapped; only 1.0 (rotate all dims)"
+    assert partial == 1.0, (
+        f"{family}: partial_rotary_factor={partial} is not mapped; only 1.0 (rotate all dims)"
+    )
     if kind != "llama3":
         return
     factor = params.get("factor")
     assert isinstance(factor, (int, float)) and factor >= 1, (
-        f"{family}: rope_scaling.factor={factor!r} must be a number >= 1 for llama3 rope scaling")
+        f"{family}: rope_scaling.factor={factor!r} must be a number >= 1 for llama3 rope scaling"
+    )
     for field, fixed in MEGATRON_LLAMA3_FIXED.items():
         assert params.get(field) == fixed, (
             f"{family}: rope_scaling.{field}={params.get(field)!r} is not supported: Megatron-Core's llama3 rope "
             f"scaling fixes {field} to {fixed} (supported: "
-            + ", ".join(f"{k}={v}" for k, v in MEGATRON_LLAMA3_FIXED.items()) + ", any factor >= 1)")
+            + ", ".join(f"{k}={v}" for k, v in MEGATRON_LLAMA3_FIXED.items())
+            + ", any factor >= 1)"
+        )
 
 
 def rope_scaling_fields(cfg: dict) -> dict:

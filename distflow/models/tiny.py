@@ -4,6 +4,7 @@ Tests, CI and CPU rollouts need real model directories (config.json, model.safet
 that load in transformers, SGLang and our Megatron conversion, without any download. `make_tiny_model`
 writes one; the same family, sizes and seed always give the same files.
 """
+
 import json
 import math
 from pathlib import Path
@@ -26,16 +27,33 @@ FAMILIES = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
 }
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
-DEFAULT_SIZES = dict(layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, experts=4, top_k=2, vocab=512,
-                     head_dim=None, seed=0, dtype="float32")
+DEFAULT_SIZES = dict(
+    layers=2,
+    hidden=64,
+    heads=4,
+    kv_heads=2,
+    ffn=128,
+    experts=4,
+    top_k=2,
+    vocab=512,
+    head_dim=None,
+    seed=0,
+    dtype="float32",
+)
 ROPE_THETA = 10000.0
 ROPE_VARIANTS = {
     "default": {"rope_type": "default", "rope_theta": ROPE_THETA},
     # Llama 3.1's published rope settings (meta-llama/Llama-3.1-8B config.json), its rope_theta included:
     # with head_dim 16, one frequency pair falls in the smoothed band and three in the factor-8 band, and a
     # sequence of a few hundred tokens rotates them far enough that unscaled rope gives visibly other logits.
-    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
 }
 """make_tiny_model's `rope` choices: the rope_parameters written to config.json."""
 
@@ -60,8 +78,11 @@ def make_tiny_model(family: str, out_dir, rope: str = "default", **sizes) -> Pat
 
     tokenizer = train_tiny_tokenizer(s["vocab"], seed=s["seed"])
     assert len(tokenizer) <= s["vocab"], f"tokenizer has {len(tokenizer)} tokens > vocab {s['vocab']}"
-    token_ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                     pad_token_id=tokenizer.pad_token_id)
+    token_ids = dict(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     config = _hf_config(family, s, token_ids, rope)
 
     torch.manual_seed(s["seed"])  # anything _fill_weights does not reach (none today) is still seeded
@@ -70,8 +91,10 @@ def make_tiny_model(family: str, out_dir, rope: str = "default", **sizes) -> Pat
     model.to(torch_dtype(s["dtype"]))
     # Chat models stop at the end of the turn; base-model text stops at end-of-text.
     model.generation_config = GenerationConfig(
-        bos_token_id=token_ids["bos_token_id"], pad_token_id=token_ids["pad_token_id"],
-        eos_token_id=[token_ids["eos_token_id"], tokenizer.convert_tokens_to_ids(PAD_TOKEN)])
+        bos_token_id=token_ids["bos_token_id"],
+        pad_token_id=token_ids["pad_token_id"],
+        eos_token_id=[token_ids["eos_token_id"], tokenizer.convert_tokens_to_ids(PAD_TOKEN)],
+    )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     _add_legacy_config_keys(out / "config.json", family)
@@ -82,11 +105,18 @@ def _hf_config(family: str, s: dict, token_ids: dict, rope: str = "default"):
     config_cls_name, architecture = FAMILIES[family]
     head_dim = s["head_dim"] or (2 if family.startswith("qwen3") else 1) * s["hidden"] // s["heads"]
     common = dict(
-        vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["ffn"],
-        num_hidden_layers=s["layers"], num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+        vocab_size=s["vocab"],
+        hidden_size=s["hidden"],
+        intermediate_size=s["ffn"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv_heads"],
         # Llama 3.1 extends the 8K context it was trained at to 128K (HF wants original < max).
-        max_position_embeddings=131072 if rope == "llama3" else 2048, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters=dict(ROPE_VARIANTS[rope]), architectures=[architecture],
+        max_position_embeddings=131072 if rope == "llama3" else 2048,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters=dict(ROPE_VARIANTS[rope]),
+        architectures=[architecture],
         **token_ids,
     )
     moe = dict(num_experts_per_tok=s["top_k"])
@@ -97,12 +127,28 @@ def _hf_config(family: str, s: dict, token_ids: dict, rope: str = "default"):
         "qwen3": dict(head_dim=head_dim, attention_bias=False, use_sliding_window=False),
         "mistral": dict(head_dim=head_dim, sliding_window=None),
         "mixtral": dict(head_dim=head_dim, sliding_window=None, num_local_experts=s["experts"], **moe),
-        "qwen2_moe": dict(num_experts=s["experts"], moe_intermediate_size=s["ffn"], qkv_bias=True,
-                          shared_expert_intermediate_size=s["ffn"], norm_topk_prob=False,
-                          decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False, **moe),
-        "qwen3_moe": dict(head_dim=head_dim, num_experts=s["experts"], moe_intermediate_size=s["ffn"],
-                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-                          attention_bias=False, use_sliding_window=False, **moe),
+        "qwen2_moe": dict(
+            num_experts=s["experts"],
+            moe_intermediate_size=s["ffn"],
+            qkv_bias=True,
+            shared_expert_intermediate_size=s["ffn"],
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            use_sliding_window=False,
+            **moe,
+        ),
+        "qwen3_moe": dict(
+            head_dim=head_dim,
+            num_experts=s["experts"],
+            moe_intermediate_size=s["ffn"],
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            attention_bias=False,
+            use_sliding_window=False,
+            **moe,
+        ),
     }[family]
     return getattr(transformers, config_cls_name)(**{**common, **per_family})
 

@@ -1,5 +1,6 @@
 """Tiny reward models for tests and CPU examples: a tiny causal LM of a family turned into its one-label
 `*ForSequenceClassification` (same decoder weights, a seeded random `score` head), saved with its tokenizer."""
+
 import shutil
 import tempfile
 from pathlib import Path

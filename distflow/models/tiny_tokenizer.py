@@ -3,6 +3,7 @@
 The corpus is generated from a fixed seed (numbers, arithmetic, short English sentences), so the same
 arguments always give the same vocabulary and merges: tests and rollouts stay reproducible across machines.
 """
+
 import random
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -29,8 +30,10 @@ CHAT_TEMPLATE = (
 # byte-level mapping. It must match transformers' Qwen2Tokenizer exactly: AutoTokenizer rebuilds every
 # model_type "qwen2" tokenizer with that pipeline, and a different split would tokenize the same text
 # differently per family (e.g. "23" as one token here and two there).
-_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 _ARITHMETIC = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -73,18 +76,27 @@ def train_tiny_tokenizer(vocab_size: int, seed: int = 0) -> PreTrainedTokenizerF
     assert vocab_size >= min_size, f"vocab_size {vocab_size} too small: a byte-level BPE needs >= {min_size}"
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(synthetic_corpus(seed), trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS_TOKEN, eos_token=IM_END, pad_token=PAD_TOKEN,
-        additional_special_tokens=[IM_START], chat_template=CHAT_TEMPLATE,
-        model_max_length=2048, clean_up_tokenization_spaces=False,
+        tokenizer_object=tok,
+        bos_token=BOS_TOKEN,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        additional_special_tokens=[IM_START],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=2048,
+        clean_up_tokenization_spaces=False,
     )

@@ -14,6 +14,7 @@ and `unshard(...)` inverts it for gathering. The layouts follow Megatron's modul
 MoE experts (`mlp.experts.local_experts.{e}.linear_fc1/fc2`) follow the same rules over the expert
 tensor-parallel group (ETP) instead of TP; a shared expert is an ordinary TP MLP.
 """
+
 import re
 
 import torch
@@ -58,20 +59,23 @@ def tp_layout(megatron_name: str) -> str:
     return REPLICATED
 
 
-def shard(megatron_name: str, full: torch.Tensor, tp_rank: int, tp_size: int,
-          padded_vocab: int | None = None) -> torch.Tensor:
+def shard(
+    megatron_name: str, full: torch.Tensor, tp_rank: int, tp_size: int, padded_vocab: int | None = None
+) -> torch.Tensor:
     """This rank's part of a full tensor. VOCAB tensors need padded_vocab (zero rows are appended)."""
     layout = tp_layout(megatron_name)
     if layout == REPLICATED:
         return full
     if layout == VOCAB:
         assert padded_vocab is not None and padded_vocab >= full.shape[0], (
-            f"{megatron_name}: padded_vocab={padded_vocab} must be given and >= vocab {full.shape[0]}")
+            f"{megatron_name}: padded_vocab={padded_vocab} must be given and >= vocab {full.shape[0]}"
+        )
         full = torch.cat([full, full.new_zeros(padded_vocab - full.shape[0], *full.shape[1:])])
     if layout == GATED_COLUMN:
         gate, up = full.chunk(2, dim=0)
-        return torch.cat([_split(megatron_name, gate, 0, tp_size)[tp_rank],
-                          _split(megatron_name, up, 0, tp_size)[tp_rank]])
+        return torch.cat(
+            [_split(megatron_name, gate, 0, tp_size)[tp_rank], _split(megatron_name, up, 0, tp_size)[tp_rank]]
+        )
     return _split(megatron_name, full, 1 if layout == ROW else 0, tp_size)[tp_rank].clone()
 
 
@@ -91,5 +95,7 @@ def unshard(megatron_name: str, shards: list[torch.Tensor], vocab_size: int | No
 
 
 def _split(name: str, tensor: torch.Tensor, dim: int, parts: int) -> tuple:
-    assert tensor.shape[dim] % parts == 0, f"{name}: dim {dim} of {tuple(tensor.shape)} not divisible by TP {parts}"
+    assert tensor.shape[dim] % parts == 0, (
+        f"{name}: dim {dim} of {tuple(tensor.shape)} not divisible by TP {parts}"
+    )
     return tensor.chunk(parts, dim=dim)

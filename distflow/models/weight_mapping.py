@@ -7,14 +7,15 @@ layer indices are local to a pipeline stage: global HF layer = layer_offset + lo
 rank: global expert = ep_rank * experts per rank + e) and the shared expert; HF names are those of
 released checkpoints (per expert; expert_layout.py reads transformers' fused files as such).
 """
+
 import re
 from dataclasses import dataclass
 
 import torch
 
 from distflow.models.moe import num_experts
-from distflow.models.tp_sharding import LOCAL_EXPERT
 from distflow.models.spec import DenseFamilySpec, as_config_dict
+from distflow.models.tp_sharding import LOCAL_EXPERT
 
 COPY, QKV, GATE_UP = "copy", "qkv", "gate_up"
 
@@ -33,8 +34,9 @@ class ParamRule:
     """False for the tied output layer of a last pipeline stage: HF stores it once, as the embedding."""
 
 
-def layer_rules(spec: DenseFamilySpec, hf_config=None, *, ep_rank: int = 0,
-                ep_size: int = 1) -> list[tuple[str, tuple[str, ...], str]]:
+def layer_rules(
+    spec: DenseFamilySpec, hf_config=None, *, ep_rank: int = 0, ep_size: int = 1
+) -> list[tuple[str, tuple[str, ...], str]]:
     """(Megatron suffix, HF suffixes, kind) inside one decoder layer, for this family.
 
     MoE families need hf_config (the expert count); with expert parallelism a rank's layer holds only
@@ -42,32 +44,47 @@ def layer_rules(spec: DenseFamilySpec, hf_config=None, *, ep_rank: int = 0,
     """
     rules = [
         ("input_layernorm.weight", ("input_layernorm.weight",), COPY),
-        ("self_attention.linear_qkv.weight",
-         ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"), QKV),
+        (
+            "self_attention.linear_qkv.weight",
+            ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+            QKV,
+        ),
         ("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",), COPY),
         ("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), COPY),
     ]
     if spec.moe:
         rules += moe_mlp_rules(spec, as_config_dict(hf_config), ep_rank=ep_rank, ep_size=ep_size)
     else:
-        rules += [("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), GATE_UP),
-                  ("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), COPY)]
+        rules += [
+            ("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), GATE_UP),
+            ("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), COPY),
+        ]
     if spec.qkv_bias:
-        rules.append(("self_attention.linear_qkv.bias",
-                      ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"), QKV))
+        rules.append(
+            (
+                "self_attention.linear_qkv.bias",
+                ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+                QKV,
+            )
+        )
     if spec.qk_layernorm:
-        rules += [("self_attention.q_layernorm.weight", ("self_attn.q_norm.weight",), COPY),
-                  ("self_attention.k_layernorm.weight", ("self_attn.k_norm.weight",), COPY)]
+        rules += [
+            ("self_attention.q_layernorm.weight", ("self_attn.q_norm.weight",), COPY),
+            ("self_attention.k_layernorm.weight", ("self_attn.k_norm.weight",), COPY),
+        ]
     return rules
 
 
-def moe_mlp_rules(spec, cfg: dict, *, ep_rank: int = 0, ep_size: int = 1,
-                  experts: list[int] | None = None) -> list[tuple[str, tuple[str, ...], str]]:
+def moe_mlp_rules(
+    spec, cfg: dict, *, ep_rank: int = 0, ep_size: int = 1, experts: list[int] | None = None
+) -> list[tuple[str, tuple[str, ...], str]]:
     """The MoE block's rules: router, this EP rank's experts (or the global `experts` given, numbered as
     in an EP=1 model) and the shared expert."""
     block = spec.hf_moe_block
     total = num_experts(cfg)
-    assert total % ep_size == 0, f"{spec.family}: {total} experts do not split over expert parallel size {ep_size}"
+    assert total % ep_size == 0, (
+        f"{spec.family}: {total} experts do not split over expert parallel size {ep_size}"
+    )
     per_rank = total // ep_size
     if experts is None:
         pairs = [(ep_rank * per_rank + local, local) for local in range(per_rank)]
@@ -77,20 +94,38 @@ def moe_mlp_rules(spec, cfg: dict, *, ep_rank: int = 0, ep_size: int = 1,
     rules = [("mlp.router.weight", (f"{block}.gate.weight",), COPY)]
     for global_e, local in pairs:
         hf = f"{block}.experts.{global_e}"
-        rules += [(f"mlp.experts.local_experts.{local}.linear_fc1.weight",
-                   (f"{hf}.{gate}.weight", f"{hf}.{up}.weight"), GATE_UP),
-                  (f"mlp.experts.local_experts.{local}.linear_fc2.weight", (f"{hf}.{down}.weight",), COPY)]
+        rules += [
+            (
+                f"mlp.experts.local_experts.{local}.linear_fc1.weight",
+                (f"{hf}.{gate}.weight", f"{hf}.{up}.weight"),
+                GATE_UP,
+            ),
+            (f"mlp.experts.local_experts.{local}.linear_fc2.weight", (f"{hf}.{down}.weight",), COPY),
+        ]
     if spec.shared_expert:
-        rules += [("mlp.shared_experts.linear_fc1.weight",
-                   (f"{block}.shared_expert.gate_proj.weight", f"{block}.shared_expert.up_proj.weight"), GATE_UP),
-                  ("mlp.shared_experts.linear_fc2.weight", (f"{block}.shared_expert.down_proj.weight",), COPY),
-                  ("mlp.shared_experts.gate_weight", (f"{block}.shared_expert_gate.weight",), COPY)]
+        rules += [
+            (
+                "mlp.shared_experts.linear_fc1.weight",
+                (f"{block}.shared_expert.gate_proj.weight", f"{block}.shared_expert.up_proj.weight"),
+                GATE_UP,
+            ),
+            ("mlp.shared_experts.linear_fc2.weight", (f"{block}.shared_expert.down_proj.weight",), COPY),
+            ("mlp.shared_experts.gate_weight", (f"{block}.shared_expert_gate.weight",), COPY),
+        ]
     return rules
 
 
-def param_rules(spec: DenseFamilySpec, hf_config, *, layer_offset: int = 0, num_layers: int | None = None,
-                pre_process: bool = True, post_process: bool = True, ep_rank: int = 0,
-                ep_size: int = 1) -> list[ParamRule]:
+def param_rules(
+    spec: DenseFamilySpec,
+    hf_config,
+    *,
+    layer_offset: int = 0,
+    num_layers: int | None = None,
+    pre_process: bool = True,
+    post_process: bool = True,
+    ep_rank: int = 0,
+    ep_size: int = 1,
+) -> list[ParamRule]:
     """Every parameter of one pipeline stage's GPTModel (layers layer_offset .. +num_layers), in order;
     MoE layers hold the experts of expert-parallel rank ep_rank of ep_size."""
     cfg = as_config_dict(hf_config)
@@ -101,8 +136,13 @@ def param_rules(spec: DenseFamilySpec, hf_config, *, layer_offset: int = 0, num_
         rules.append(ParamRule("embedding.word_embeddings.weight", ("model.embed_tokens.weight",)))
     for local in range(num_layers):
         for megatron_suffix, hf_suffixes, kind in layer_rules(spec, cfg, ep_rank=ep_rank, ep_size=ep_size):
-            rules.append(ParamRule(f"decoder.layers.{local}.{megatron_suffix}",
-                                   tuple(f"model.layers.{layer_offset + local}.{s}" for s in hf_suffixes), kind))
+            rules.append(
+                ParamRule(
+                    f"decoder.layers.{local}.{megatron_suffix}",
+                    tuple(f"model.layers.{layer_offset + local}.{s}" for s in hf_suffixes),
+                    kind,
+                )
+            )
     if post_process:
         rules.append(ParamRule("decoder.final_layernorm.weight", ("model.norm.weight",)))
         if not tied:
@@ -159,15 +199,19 @@ def to_hf(rule: ParamRule, megatron_tensor: torch.Tensor, hf_config) -> dict[str
     return dict(zip(rule.hf, parts, strict=True))
 
 
-def interleave_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, groups: int,
-                   head_dim: int) -> torch.Tensor:
+def interleave_qkv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, groups: int, head_dim: int
+) -> torch.Tensor:
     """HF q/k/v projections (weights or biases) -> Megatron's [q heads of group 0, k0, v0, group 1 ...].
 
     Megatron views linear_qkv's output as [groups, (heads/groups + 2) * head_dim] and splits each group.
     """
     rest = q.shape[1:]
-    per_group = [q.reshape(groups, heads // groups * head_dim, *rest),
-                 k.reshape(groups, head_dim, *rest), v.reshape(groups, head_dim, *rest)]
+    per_group = [
+        q.reshape(groups, heads // groups * head_dim, *rest),
+        k.reshape(groups, head_dim, *rest),
+        v.reshape(groups, head_dim, *rest),
+    ]
     return torch.cat(per_group, dim=1).reshape(-1, *rest)
 
 
@@ -184,12 +228,16 @@ def te_param_name(local_spec_name: str) -> str:
     input and pre-MLP norms into the following linear layer (as the local spec's sharded_state_dict_keys_map
     declares). Not exercised on CPU.
     """
-    return (local_spec_name.replace("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight")
-            .replace("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"))
+    return local_spec_name.replace(
+        "input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight"
+    ).replace("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight")
 
 
 def _attention_shape(hf_config) -> dict:
     cfg = as_config_dict(hf_config)
     heads = cfg["num_attention_heads"]
-    return dict(heads=heads, groups=cfg.get("num_key_value_heads") or heads,
-                head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    return dict(
+        heads=heads,
+        groups=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+    )

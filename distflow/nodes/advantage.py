@@ -9,6 +9,7 @@ The token-level nodes run on the actor's layout, where the old log-probs, the re
 the KL penalty in the reward) and the critic's values already are; only the rewards move there.
 Whitening is over the whole step's batch, across ranks: one all-reduce of (sum, sum of squares, count).
 """
+
 import torch
 import torch.distributed as dist
 
@@ -16,9 +17,9 @@ from distflow.algorithms import advantages as adv
 from distflow.algorithms.aggregation import masked_sum
 from distflow.algorithms.estimators import ESTIMATOR_FUNCTIONS, estimator_options
 from distflow.algorithms.reward_shaping import apply_kl_penalty, outcome_token_rewards
+from distflow.batch import from_padded, to_padded
 from distflow.config.algorithm import ESTIMATORS
 from distflow.coordination.data import PackedBatch
-from distflow.batch import from_padded, to_padded
 
 OUTCOME_ESTIMATORS = tuple(name for name, e in ESTIMATORS.items() if e.kind == "outcome")
 
@@ -30,8 +31,10 @@ def compute(ctx, inputs):
     samples, rewards = inputs["samples"], inputs["rewards"]
     a = ctx.cfg.algorithm
     if a.adv_estimator not in OUTCOME_ESTIMATORS:
-        raise ValueError(f"algorithm.adv_estimator={a.adv_estimator!r} is not an outcome estimator "
-                         f"{OUTCOME_ESTIMATORS}; the pipeline should use a token-level advantage node")
+        raise ValueError(
+            f"algorithm.adv_estimator={a.adv_estimator!r} is not an outcome estimator "
+            f"{OUTCOME_ESTIMATORS}; the pipeline should use a token-level advantage node"
+        )
     estimator = ESTIMATORS[a.adv_estimator]
     if samples is None:
         if estimator.whitens:
@@ -41,7 +44,9 @@ def compute(ctx, inputs):
     r = rewards.fields["rewards"]
     ones = torch.ones(len(r), 1)  # one "token" per sample: outcome advantages are per sample
     fn, options = ESTIMATOR_FUNCTIONS[estimator.name], estimator_options(estimator, a)
-    if estimator.whitens:  # r - group mean (exactly 0 for all-equal groups), whitened over every rank's tokens
+    if (
+        estimator.whitens
+    ):  # r - group mean (exactly 0 for all-equal groups), whitened over every rank's tokens
         centred = fn(r, samples.groups, ones, whiten=False, **options)[:, 0].float()
         values = _token_weighted_whiten(centred, _response_lengths(samples), group=None)
     else:
@@ -49,8 +54,11 @@ def compute(ctx, inputs):
     _record_stats(ctx, "advantage", values.float())
     _record_stats(ctx, "reward/shaped", r.float())  # what is trained on (DAPO: after overlong shaping)
     ctx.record(**{"advantage/samples": len(r)})  # the weight of the two means over ranks
-    return {"advantages": PackedBatch(samples.sample_ids, samples.groups, samples.lengths,
-                                      {"advantages": values.float()})}
+    return {
+        "advantages": PackedBatch(
+            samples.sample_ids, samples.groups, samples.lengths, {"advantages": values.float()}
+        )
+    }
 
 
 def token_level(ctx, inputs):
@@ -67,8 +75,10 @@ def gae(ctx, inputs):
     advantages, returns, mask = _token_level(ctx, inputs, values=values)
     ctx.record(**{"critic/returns_mean": _global_masked_mean(returns, mask).item()})
     samples = inputs["samples"]
-    return {"advantages": from_padded(samples, {"advantages": advantages}),
-            "returns": from_padded(samples, {"returns": returns})}
+    return {
+        "advantages": from_padded(samples, {"advantages": advantages}),
+        "returns": from_padded(samples, {"returns": returns}),
+    }
 
 
 def _token_level(ctx, inputs, values):
@@ -78,16 +88,21 @@ def _token_level(ctx, inputs, values):
     mask = batch["response_mask"]
     rewards = inputs["rewards"].sorted_by_id()
     assert torch.equal(rewards.sample_ids, samples.sorted_by_id().sample_ids), (
-        "the rewards must cover the same samples as the batch on this rank")
+        "the rewards must cover the same samples as the batch on this rank"
+    )
     token_rewards = outcome_token_rewards(rewards.fields["rewards"].float(), mask)
     if a.kl_in_reward and a.kl_coef > 0:
         ref = inputs.get("ref_logprobs")
         if ref is None:
             raise ValueError("algorithm.kl_in_reward needs the reference's log-probs: set ref.enable=true")
         outcome = token_rewards
-        token_rewards = apply_kl_penalty(outcome, inputs["old_logprobs"], ref, a.kl_coef, a.kl_estimator, mask)
+        token_rewards = apply_kl_penalty(
+            outcome, inputs["old_logprobs"], ref, a.kl_coef, a.kl_estimator, mask
+        )
         # The mean per-token KL the penalty subtracted (before kl_coef): 0 while the policy is the reference.
-        ctx.record(**{"reward/kl_penalty": _global_masked_mean((outcome - token_rewards) / a.kl_coef, mask).item()})
+        ctx.record(
+            **{"reward/kl_penalty": _global_masked_mean((outcome - token_rewards) / a.kl_coef, mask).item()}
+        )
     if values is None:
         raw, returns = adv.reinforce_pp_advantages(token_rewards, mask, a.gamma, whiten=False)
     else:
@@ -106,8 +121,13 @@ def _token_level(ctx, inputs, values):
 def _record_stats(ctx, prefix: str, values: torch.Tensor) -> None:
     """<prefix>/mean|max|min of this rank's values (nothing when it holds none)."""
     if values.numel():
-        ctx.record(**{f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(),
-                      f"{prefix}/min": values.min().item()})
+        ctx.record(
+            **{
+                f"{prefix}/mean": values.mean().item(),
+                f"{prefix}/max": values.max().item(),
+                f"{prefix}/min": values.min().item(),
+            }
+        )
 
 
 def _data_parallel_group():

@@ -4,10 +4,9 @@
 at the start of every step, so a node cannot see another step's metrics. Everything else a node needs
 arrives as its inputs (the DAG's data) or is read from the config.
 """
+
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
-
-
 
 if TYPE_CHECKING:  # the types only: importing the workers here would start Megatron/SGLang imports
     from distflow.data.loader import PromptLoader
@@ -20,6 +19,7 @@ if TYPE_CHECKING:  # the types only: importing the workers here would start Mega
 @dataclass
 class Workers:
     """The workers this rank holds; a role the rank has no share of is None."""
+
     rollout: Optional["RolloutWorker"] = None
     """Every rank has one (it owns an engine, hosts part of one, or only takes part in the syncs)."""
     actor: Optional["MegatronWorker"] = None
@@ -41,6 +41,7 @@ class Workers:
 @dataclass
 class StepState:
     """One step's state: its number and the metrics its nodes record (logged once, at the step's end)."""
+
     step: int
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -51,6 +52,7 @@ class StepState:
 @dataclass
 class NodeContext:
     """The `ctx` of `fn(ctx, inputs) -> outputs`: config, layouts, this rank, its workers, the step."""
+
     cfg: Any
     cluster: Any
     rank: int

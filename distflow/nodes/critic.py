@@ -3,6 +3,7 @@
 Both run in the critic's training layout. Values are token-level: values[:, t] is the critic's estimate of
 the return from just before response token t (MegatronWorker's alignment), which is what GAE reads.
 """
+
 from distflow.algorithms.aggregation import masked_mean
 from distflow.algorithms.value_loss import value_loss
 from distflow.batch import from_padded, to_padded
@@ -27,8 +28,14 @@ def train_critic(ctx, inputs):
     clip = ctx.cfg.algorithm.value_clip
 
     def loss_fn(values, mb):
-        loss, metrics = value_loss(values, mb["old_values"], mb["returns"], mb["response_mask"],
-                                   clip_range=clip if clip > 0 else None, loss_agg_mode="token-mean")
+        loss, metrics = value_loss(
+            values,
+            mb["old_values"],
+            mb["returns"],
+            mb["response_mask"],
+            clip_range=clip if clip > 0 else None,
+            loss_agg_mode="token-mean",
+        )
         metrics["values_mean"] = masked_mean(values.detach(), mb["response_mask"])
         return loss, metrics
 

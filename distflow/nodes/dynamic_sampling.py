@@ -29,6 +29,7 @@ reward/* and the rollout/* length statistics describe the first round only (fres
 filtering, the quantity GRPO logs); rollout/tokens, rollout/seconds, reward/errors and reward/timeouts
 add up all rounds.
 """
+
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -43,14 +44,20 @@ from distflow.nodes.reward import score_samples
 from distflow.nodes.rollout import generate_samples
 from distflow.workers.rollout.worker import ID_STRIDE
 
-_SUMMED_OVER_ROUNDS = ("rollout/tokens", "rollout/seconds", "rollout/stolen_groups", "reward/errors",
-                       "reward/timeouts")
+_SUMMED_OVER_ROUNDS = (
+    "rollout/tokens",
+    "rollout/seconds",
+    "rollout/stolen_groups",
+    "reward/errors",
+    "reward/timeouts",
+)
 
 
 @dataclass
 class Round:
     """One generation round on this rank: the samples, the rewards trained on, and the scores the filter
     compares (the scorer's, before shaping; [n] in the samples' order). All None on a rank without samples."""
+
     samples: Optional[PackedBatch] = None
     rewards: Optional[PackedBatch] = None
     scores: Optional[torch.Tensor] = None
@@ -59,10 +66,11 @@ class Round:
 @dataclass
 class Collected:
     """What collect_groups returns on one rank; the counts are over all ranks and equal everywhere."""
-    samples: Optional[PackedBatch]   # this rank's kept samples (None on a rank without samples)
+
+    samples: Optional[PackedBatch]  # this rank's kept samples (None on a rank without samples)
     rewards: Optional[PackedBatch]
     attempts: int
-    kept_groups: int                 # groups the step trains on
+    kept_groups: int  # groups the step trains on
     kept_before_trim: int
     dropped_groups: int
     generated_groups: int
@@ -100,8 +108,15 @@ def share_out(counts: list[int], total: int) -> list[int]:
     return quotas
 
 
-def collect_groups(first: Round, draw: Callable[[int], Round], target: int, max_attempts: int, unit: int = 1,
-                   filter_equal: bool = True, group=None) -> Collected:
+def collect_groups(
+    first: Round,
+    draw: Callable[[int], Round],
+    target: int,
+    max_attempts: int,
+    unit: int = 1,
+    filter_equal: bool = True,
+    group=None,
+) -> Collected:
     """The dynamic-sampling loop, collective over `group` (default: all ranks); every rank must call it.
 
     first: this rank's first round (an empty Round on ranks without samples). draw(attempt): this rank's
@@ -137,8 +152,11 @@ def collect_groups(first: Round, draw: Callable[[int], Round], target: int, max_
     final = groups_to_train(sum(per_rank), target, unit)
     samples = rewards = None
     if holds:
-        samples, rewards = _earliest_groups(PackedBatch.concat(kept_samples), PackedBatch.concat(kept_rewards),
-                                            share_out(per_rank, final)[rank])
+        samples, rewards = _earliest_groups(
+            PackedBatch.concat(kept_samples),
+            PackedBatch.concat(kept_rewards),
+            share_out(per_rank, final)[rank],
+        )
     return Collected(samples, rewards, attempt, final, sum(per_rank), dropped, generated, target)
 
 
@@ -156,12 +174,16 @@ def _keep_informative(r: Round, filter_equal: bool) -> tuple[PackedBatch, Packed
     return r.samples.select(positions), r.rewards.select(positions), n_kept, n_groups - n_kept
 
 
-def _earliest_groups(samples: PackedBatch, rewards: PackedBatch, quota: int) -> tuple[PackedBatch, PackedBatch]:
+def _earliest_groups(
+    samples: PackedBatch, rewards: PackedBatch, quota: int
+) -> tuple[PackedBatch, PackedBatch]:
     """The samples of the `quota` lowest group ids (later rounds have higher ids: earliest rounds first)."""
     ids, counts = torch.unique(samples.sample_ids, return_counts=True)
     if (counts > 1).any():
-        raise RuntimeError(f"dynamic sampling: sample id {int(ids[counts > 1][0])} was kept twice; each round's "
-                           "ids must be shifted past the earlier rounds'")
+        raise RuntimeError(
+            f"dynamic sampling: sample id {int(ids[counts > 1][0])} was kept twice; each round's "
+            "ids must be shifted past the earlier rounds'"
+        )
     chosen = torch.unique(samples.groups)[:quota]
     positions = torch.nonzero(torch.isin(samples.groups, chosen)).reshape(-1)
     return samples.select(positions), rewards.select(positions)
@@ -175,6 +197,7 @@ def _collective_device(group) -> torch.device:
 
 # ---- the node ---------------------------------------------------------------------------------------
 
+
 def dynamic_sampling(ctx, inputs):
     """DAG node: {"samples", "rewards"} of the first round -> {"kept_samples", "kept_rewards"}."""
     from distflow.rewards.overlong import shape_overlong
@@ -182,12 +205,15 @@ def dynamic_sampling(ctx, inputs):
     cfg, a = ctx.cfg, ctx.cfg.algorithm  # overlong_buffer_len <= max_new_tokens: checked by config validation
     holds = inputs["samples"] is not None
     if holds and ctx.prompt_loader is None:
-        raise RuntimeError("dynamic sampling needs this rank's PromptLoader in NodeContext.prompt_loader (the "
-                           "trainer sets it on engine owners)")
+        raise RuntimeError(
+            "dynamic sampling needs this rank's PromptLoader in NodeContext.prompt_loader (the "
+            "trainer sets it on engine owners)"
+        )
 
     def shaped(samples, rewards) -> tuple[Round, torch.Tensor]:
-        total, penalty = shape_overlong(samples, rewards, cfg.rollout.max_new_tokens, a.overlong_buffer_len,
-                                        a.overlong_penalty_factor)
+        total, penalty = shape_overlong(
+            samples, rewards, cfg.rollout.max_new_tokens, a.overlong_buffer_len, a.overlong_penalty_factor
+        )
         return Round(samples, total, rewards.fields["rewards"]), penalty
 
     first, ids = Round(), None
@@ -202,12 +228,25 @@ def dynamic_sampling(ctx, inputs):
         samples, rewards = ids.shift(*_generate_and_score(ctx))
         return shaped(samples, rewards)[0]
 
-    result = collect_groups(first, draw, cfg.data.train_batch_size, a.max_sampling_attempts,
-                            dp_unit(cfg.rollout.n, ctx.cluster.actor.dp), filter_equal=a.dynamic_sampling)
-    ctx.record(**{"dapo/attempts": result.attempts, "dapo/kept_groups": result.kept_groups,
-                  "dapo/dropped_groups": result.dropped_groups, "dapo/trimmed_groups": result.trimmed_groups,
-                  "dapo/generated_groups": result.generated_groups, "dapo/partial_batch": result.partial,
-                  "dapo/skipped_update": result.kept_groups == 0})
+    result = collect_groups(
+        first,
+        draw,
+        cfg.data.train_batch_size,
+        a.max_sampling_attempts,
+        dp_unit(cfg.rollout.n, ctx.cluster.actor.dp),
+        filter_equal=a.dynamic_sampling,
+    )
+    ctx.record(
+        **{
+            "dapo/attempts": result.attempts,
+            "dapo/kept_groups": result.kept_groups,
+            "dapo/dropped_groups": result.dropped_groups,
+            "dapo/trimmed_groups": result.trimmed_groups,
+            "dapo/generated_groups": result.generated_groups,
+            "dapo/partial_batch": result.partial,
+            "dapo/skipped_update": result.kept_groups == 0,
+        }
+    )
     if result.kept_groups == 0:
         raise SkipStep(f"dynamic sampling kept no group with differing rewards in {result.attempts} round(s)")
     return {"kept_samples": result.samples, "kept_rewards": result.rewards}
@@ -220,13 +259,16 @@ def _generate_and_score(ctx) -> tuple[PackedBatch, PackedBatch]:
     rewards, scored = score_samples(ctx, samples)
     this_round = {**generated, **scored}
     metrics = ctx.step.metrics
-    ctx.record(**{key: metrics.get(key, 0.0) + this_round[key] for key in _SUMMED_OVER_ROUNDS if key in this_round})
+    ctx.record(
+        **{key: metrics.get(key, 0.0) + this_round[key] for key in _SUMMED_OVER_ROUNDS if key in this_round}
+    )
     return samples, rewards
 
 
 @dataclass
 class _RoundIds:
     """Where the next round's sample and group ids start on this engine (past all earlier rounds)."""
+
     base: int
     next_sample: int
     next_group: int
@@ -245,14 +287,25 @@ class _RoundIds:
     def shift(self, samples: PackedBatch, rewards: PackedBatch) -> tuple[PackedBatch, PackedBatch]:
         """The round's batches (and the samples' infos) under ids past the earlier rounds'."""
         ds, dg = self.next_sample, self.next_group
-        if len(samples) and (int(samples.sample_ids.max()) + ds >= self.base + ID_STRIDE
-                             or int(samples.groups.max()) + dg >= self.base + ID_STRIDE):
-            raise RuntimeError(f"dynamic sampling: more than {ID_STRIDE} samples on one engine in one step; lower "
-                               "algorithm.max_sampling_attempts or data.train_batch_size x rollout.n")
+        if len(samples) and (
+            int(samples.sample_ids.max()) + ds >= self.base + ID_STRIDE
+            or int(samples.groups.max()) + dg >= self.base + ID_STRIDE
+        ):
+            raise RuntimeError(
+                f"dynamic sampling: more than {ID_STRIDE} samples on one engine in one step; lower "
+                "algorithm.max_sampling_attempts or data.train_batch_size x rollout.n"
+            )
         infos = None if samples.infos is None else {i + ds: info for i, info in samples.infos.items()}
-        samples = PackedBatch(samples.sample_ids + ds, samples.groups + dg, samples.lengths, samples.fields,
-                              samples.row_counts, infos)
-        rewards = PackedBatch(rewards.sample_ids + ds, rewards.groups + dg, rewards.lengths, rewards.fields,
-                              rewards.row_counts)
+        samples = PackedBatch(
+            samples.sample_ids + ds,
+            samples.groups + dg,
+            samples.lengths,
+            samples.fields,
+            samples.row_counts,
+            infos,
+        )
+        rewards = PackedBatch(
+            rewards.sample_ids + ds, rewards.groups + dg, rewards.lengths, rewards.fields, rewards.row_counts
+        )
         self._advance(samples)
         return samples, rewards

@@ -1,4 +1,5 @@
 """actor_logprobs / ref_logprobs: Megatron forward passes in the training layout."""
+
 from distflow.batch import to_padded
 
 
@@ -16,9 +17,13 @@ def actor_logprobs(ctx, inputs):
     diff = ((logprobs - batch["rollout_logprobs"]).abs() * mask).sum() / tokens
     # At temperature 1 the sampled tokens' mean -log p estimates the policy's mean entropy on the same
     # positions: a gap between the two means the engines do not sample from the policy being trained.
-    ctx.record(**{"rollout/logprob_diff_vs_actor": diff.item(),
-                  "rollout/neg_logprob": (-(batch["rollout_logprobs"] * mask).sum() / tokens).item(),
-                  "rollout/actor_entropy": ((entropy * mask).sum() / tokens).item()})
+    ctx.record(
+        **{
+            "rollout/logprob_diff_vs_actor": diff.item(),
+            "rollout/neg_logprob": (-(batch["rollout_logprobs"] * mask).sum() / tokens).item(),
+            "rollout/actor_entropy": ((entropy * mask).sum() / tokens).item(),
+        }
+    )
     return {"old_logprobs": logprobs}
 
 

@@ -1,11 +1,12 @@
 """score: rule-based / custom rewards per sample, where the samples were generated.
 model_score: a reward model's score per sample, in the training layout (reward.model_path)."""
+
 import math
 
 import torch
 
-from distflow.coordination.data import PackedBatch
 from distflow.batch import to_padded
+from distflow.coordination.data import PackedBatch
 from distflow.rewards.pool import RewardSample
 
 
@@ -28,9 +29,16 @@ def score_samples(ctx, samples: PackedBatch | None) -> tuple[PackedBatch | None,
         ended = info.finish_reason == "stop" and bool(info.response_ids) and info.response_ids[-1] == eos
         to_score.append(RewardSample(text, info.ground_truth, info.data_source, ended, info.extra_info))
     rewards, stats = ctx.workers.reward_pool.score_batch(to_score)
-    metrics = {**stats, "reward/samples": len(rewards)}  # reward/samples: the weight of reward/mean over ranks
-    batch = PackedBatch(samples.sample_ids, samples.groups, samples.lengths,
-                        {"rewards": torch.tensor(rewards, dtype=torch.float32)})
+    metrics = {
+        **stats,
+        "reward/samples": len(rewards),
+    }  # reward/samples: the weight of reward/mean over ranks
+    batch = PackedBatch(
+        samples.sample_ids,
+        samples.groups,
+        samples.lengths,
+        {"rewards": torch.tensor(rewards, dtype=torch.float32)},
+    )
     return batch, {k: float(v) for k, v in metrics.items()}
 
 
@@ -41,6 +49,11 @@ def model_score(ctx, inputs):
     scores = ctx.workers.reward_model.compute_scores(to_padded(samples)).float().cpu()
     values = scores.tolist()
     if values:
-        ctx.record(**{"reward/mean": math.fsum(values) / len(values), "reward/max": max(values),
-                      "reward/min": min(values)})
+        ctx.record(
+            **{
+                "reward/mean": math.fsum(values) / len(values),
+                "reward/max": max(values),
+                "reward/min": min(values),
+            }
+        )
     return {"rewards": PackedBatch(samples.sample_ids, samples.groups, samples.lengths, {"rewards": scores})}

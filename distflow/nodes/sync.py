@@ -13,6 +13,7 @@ Both return sync/seconds, sync/bytes (bytes loaded into all engines), sync/busie
 busiest rank sends) and sync/gbps, and leave every rank's RolloutWorker.weight_version at the new version.
 The `sync_weights` DAG node runs the run's WeightSync.
 """
+
 import time
 
 import torch.distributed as dist
@@ -65,10 +66,14 @@ class ReshardedSync(WeightSync):
             self.resharder = self._build_resharder()
             if self.rank == 0:
                 print(self.resharder.plan.describe(), flush=True)
-        self.rollout.make_resident(only=("weights",))  # the KV cache comes back at generation, after the staging
+        self.rollout.make_resident(
+            only=("weights",)
+        )  # the KV cache comes back at generation, after the staging
         # The parameters again: an optimizer may have replaced their storage since the last sync.
         actor = self.actor
-        stats = self.resharder.sync(megatron_tensors(actor.chunks, actor.config) if actor is not None else None)
+        stats = self.resharder.sync(
+            megatron_tensors(actor.chunks, actor.config) if actor is not None else None
+        )
         self.rollout.weights_synced(stats.version)
         return stats.metrics()
 
@@ -79,13 +84,23 @@ class ReshardedSync(WeightSync):
 
     def _build_resharder(self) -> WeightResharder:
         cfg, cluster, rollout = self.cfg, self.cluster, self.rollout
-        common = dict(engine=rollout.engine, engine_dtype=cfg.model.dtype, mode=self.MODES[cfg.sync.method],
-                      timeout_s=cfg.trainer.dist_timeout_s)
+        common = dict(
+            engine=rollout.engine,
+            engine_dtype=cfg.model.dtype,
+            mode=self.MODES[cfg.sync.method],
+            timeout_s=cfg.trainer.dist_timeout_s,
+        )
         if self.actor is not None:
             resharder = WeightResharder.for_megatron_worker(self.actor, cluster.placement, cfg.sync, **common)
         else:  # a rollout-only rank (disaggregated placement): it receives, and sends nothing
-            resharder = WeightResharder.for_rollout_rank(cfg.model.path, cluster.actor, cluster.placement, cfg.sync,
-                                                         engine_device=placement_device(cfg), **common)
+            resharder = WeightResharder.for_rollout_rank(
+                cfg.model.path,
+                cluster.actor,
+                cluster.placement,
+                cfg.sync,
+                engine_device=placement_device(cfg),
+                **common,
+            )
         resharder.version = rollout.weight_version  # a resumed run counts on from its checkpoint
         return resharder
 
@@ -103,5 +118,10 @@ class FullSync(WeightSync):
         total = nbytes * self.cluster.placement.num_engines
         # Rank 0 holds the whole model and sends it to every other rank.
         busiest = nbytes * (dist.get_world_size() - 1)
-        return {"sync/seconds": seconds, "sync/bytes": total, "sync/busiest_rank_bytes": busiest,
-                "sync/gbps": total / max(seconds, 1e-9) / 1e9, "sync/version": self.rollout.weight_version}
+        return {
+            "sync/seconds": seconds,
+            "sync/bytes": total,
+            "sync/busiest_rank_bytes": busiest,
+            "sync/gbps": total / max(seconds, 1e-9) / 1e9,
+            "sync/version": self.rollout.weight_version,
+        }

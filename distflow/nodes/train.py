@@ -1,4 +1,5 @@
 """train_actor: one policy update over the moved batch (mini-batches and micro-batches inside the worker)."""
+
 from distflow.algorithms.policy_loss import policy_loss
 from distflow.batch import to_padded
 
@@ -16,8 +17,15 @@ def train_actor(ctx, inputs):
     algo = ctx.cfg.algorithm
 
     def loss_fn(logprobs, entropy, mb):
-        return policy_loss(logprobs, mb["old_logprobs"], mb["advantages"], mb["response_mask"], algo,
-                           entropy=entropy, ref_logprob=mb.get("ref_logprobs"))
+        return policy_loss(
+            logprobs,
+            mb["old_logprobs"],
+            mb["advantages"],
+            mb["response_mask"],
+            algo,
+            entropy=entropy,
+            ref_logprob=mb.get("ref_logprobs"),
+        )
 
     metrics = ctx.workers.actor.train_step(batch, loss_fn)
     ctx.record(**{f"actor/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})

@@ -3,6 +3,7 @@
 Collective (one all_gather of the tallies); the trainer calls it on every rank every trainer.val_every steps.
 The step's metrics are untouched: scoring here keeps its reward/* statistics to itself.
 """
+
 import torch.distributed as dist
 
 from distflow.data.loader import val_batches
@@ -17,7 +18,9 @@ def validate(ctx, val_set) -> tuple[dict, list[dict]]:
     max_rows = cfg.tracking.val_samples
     tally = ValidationTally(max_rows)
     if rollout.owner:
-        for prompts in val_batches(val_set, cfg.data.val_batch_size, rollout.engine_index, rollout.num_engines):
+        for prompts in val_batches(
+            val_set, cfg.data.val_batch_size, rollout.engine_index, rollout.num_engines
+        ):
             if not prompts:
                 continue
             samples = rollout.generate(prompts, tokenizer.eos_token_id, step=ctx.step.step, greedy=True)
@@ -26,7 +29,9 @@ def validate(ctx, val_set) -> tuple[dict, list[dict]]:
             for sample_id, start, reward in zip(samples.sample_ids.tolist(), starts, rewards):
                 info = samples.infos[sample_id]
                 if len(tally.rows) < max_rows:  # decode only the rows that are kept
-                    prompt = tokenizer.decode(tokens[start:start + info.prompt_len].tolist(), skip_special_tokens=True)
+                    prompt = tokenizer.decode(
+                        tokens[start : start + info.prompt_len].tolist(), skip_special_tokens=True
+                    )
                     response = tokenizer.decode(info.response_ids, skip_special_tokens=True)
                     tally.add(info.data_source, reward, prompt, response, info.ground_truth)
                 else:

@@ -5,6 +5,7 @@ equal and GRPO has no signal (shared/research/toy_grpo.md: "sparse rewards need 
 warm-up"). A few steps of next-token loss on (prompt, ground truth + EOS) give the policy a starting
 point; RL then has to do the rest. Real runs start from an instruct model and leave this at 0.
 """
+
 import random
 
 import torch
@@ -26,13 +27,15 @@ def sft_warmup(actor, tokenizer, dataset, steps: int, batch_size: int, seed: int
             answer = tokenizer.encode(str(p.ground_truth), add_special_tokens=False) + [eos]
             rows.append((list(p.input_ids), answer))
         width = max(len(q) + len(a) for q, a in rows)
-        batch = {"input_ids": torch.zeros((len(rows), width), dtype=torch.long),
-                 "attention_mask": torch.zeros((len(rows), width), dtype=torch.long),
-                 "response_mask": torch.zeros((len(rows), width), dtype=torch.float32)}
+        batch = {
+            "input_ids": torch.zeros((len(rows), width), dtype=torch.long),
+            "attention_mask": torch.zeros((len(rows), width), dtype=torch.long),
+            "response_mask": torch.zeros((len(rows), width), dtype=torch.float32),
+        }
         for i, (q, a) in enumerate(rows):
-            batch["input_ids"][i, :len(q) + len(a)] = torch.tensor(q + a)
-            batch["attention_mask"][i, :len(q) + len(a)] = 1
-            batch["response_mask"][i, len(q):len(q) + len(a)] = 1.0
+            batch["input_ids"][i, : len(q) + len(a)] = torch.tensor(q + a)
+            batch["attention_mask"][i, : len(q) + len(a)] = 1
+            batch["response_mask"][i, len(q) : len(q) + len(a)] = 1.0
 
         def loss_fn(logprobs, entropy, mb):
             mask = mb["response_mask"]

@@ -15,6 +15,7 @@ Examples:
     python -m distflow.plan examples/configs/gpu_base.yaml --world-size 128 --gpu-memory-gb 80 \\
         --model-config examples/model_configs/qwen3-235b-a22b.json --bandwidth-gbps 400
 """
+
 import argparse
 import sys
 
@@ -29,19 +30,36 @@ EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_ERROR = 0, 1, 2
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distflow.plan", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m distflow.plan",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("args", nargs="*", help="CONFIG.yaml [section.key=value ...]")
     parser.add_argument("--world-size", type=int, required=True, help="ranks (GPUs) of the whole job")
-    parser.add_argument("--gpu-memory-gb", type=float, default=80.0,
-                        help="memory of one GPU in GiB, as sold: 80 (H100/A100 80GB), 141 (H200), 96 (H20)")
-    parser.add_argument("--bandwidth-gbps", type=float, default=400.0,
-                        help="per-GPU link bandwidth for the weight sync, Gbit/s (default 400: one NDR NIC per GPU)")
+    parser.add_argument(
+        "--gpu-memory-gb",
+        type=float,
+        default=80.0,
+        help="memory of one GPU in GiB, as sold: 80 (H100/A100 80GB), 141 (H200), 96 (H20)",
+    )
+    parser.add_argument(
+        "--bandwidth-gbps",
+        type=float,
+        default=400.0,
+        help="per-GPU link bandwidth for the weight sync, Gbit/s (default 400: one NDR NIC per GPU)",
+    )
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
-    parser.add_argument("--model-config", help="HF config.json (or model dir) to plan for; default model.path")
-    parser.add_argument("--attention", choices=["unfused", "flash"], default=ATTENTION_TODAY,
-                        help="unfused: Megatron's local layer spec (what the Megatron worker builds today; keeps "
-                             "the softmax); flash: Transformer Engine's fused attention")
+    parser.add_argument(
+        "--model-config", help="HF config.json (or model dir) to plan for; default model.path"
+    )
+    parser.add_argument(
+        "--attention",
+        choices=["unfused", "flash"],
+        default=ATTENTION_TODAY,
+        help="unfused: Megatron's local layer spec (what the Megatron worker builds today; keeps "
+        "the softmax); flash: Transformer Engine's fused attention",
+    )
     ns = parser.parse_intermixed_args(argv)
     path, overrides = split_config_args(ns.args)
     try:
@@ -50,8 +68,16 @@ def main(argv=None) -> int:
         if not source:
             raise ConfigError("no model to plan for: set model.path or pass --model-config CONFIG.json")
         arch = ModelArch.from_json(source)
-        plan = build_plan(cfg, ns.world_size, arch, ns.gpu_memory_gb, ns.bandwidth_gbps, ns.gpus_per_node,
-                          arch_source=str(source), attention=ns.attention)
+        plan = build_plan(
+            cfg,
+            ns.world_size,
+            arch,
+            ns.gpu_memory_gb,
+            ns.bandwidth_gbps,
+            ns.gpus_per_node,
+            arch_source=str(source),
+            attention=ns.attention,
+        )
     except (ConfigError, LayoutError, PipelineError, FileNotFoundError, ValueError) as err:
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
         return EXIT_ERROR

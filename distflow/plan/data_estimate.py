@@ -2,6 +2,7 @@
 DP rank, mini- and micro-batches. Token counts are upper bounds (every sample at its maximum length):
 actual lengths are only known after generation, where the data coordinator balances them by tokens.
 """
+
 import math
 from dataclasses import dataclass, field
 
@@ -69,22 +70,40 @@ def estimate_data(cfg: DistFlowConfig, num_engines: int, train_dp: int) -> DataE
     mini_batches = max(1, prompts // mini_prompts)
     notes = []
     if prompts % num_engines:
-        notes.append(f"data.train_batch_size={prompts} prompts do not split evenly over {num_engines} engines: "
-                     "some engines get one prompt more")
+        notes.append(
+            f"data.train_batch_size={prompts} prompts do not split evenly over {num_engines} engines: "
+            "some engines get one prompt more"
+        )
     if prompts % mini_prompts:
-        notes.append(f"actor.mini_batch_size={mini_prompts} does not divide data.train_batch_size={prompts}: "
-                     f"{prompts % mini_prompts} prompts per step fall outside the {mini_batches} mini-batches")
+        notes.append(
+            f"actor.mini_batch_size={mini_prompts} does not divide data.train_batch_size={prompts}: "
+            f"{prompts % mini_prompts} prompts per step fall outside the {mini_batches} mini-batches"
+        )
     if (mini_prompts * n) % train_dp:
-        notes.append(f"a mini-batch of {mini_prompts * n} samples does not split evenly over {train_dp} training "
-                     "DP ranks: the data coordinator balances tokens, some ranks get one sample more")
+        notes.append(
+            f"a mini-batch of {mini_prompts * n} samples does not split evenly over {train_dp} training "
+            "DP ranks: the data coordinator balances tokens, some ranks get one sample more"
+        )
     tokens = micro_batch_tokens(actor, max_seq_len)
     if actor.use_dynamic_batch and tokens < max_seq_len:
-        notes.append(f"actor.max_tokens_per_micro_batch={tokens} is below one full-length sample "
-                     f"({cfg.data.max_prompt_length} + {cfg.rollout.max_new_tokens} = {max_seq_len} tokens)")
+        notes.append(
+            f"actor.max_tokens_per_micro_batch={tokens} is below one full-length sample "
+            f"({cfg.data.max_prompt_length} + {cfg.rollout.max_new_tokens} = {max_seq_len} tokens)"
+        )
     if cfg.algorithm.dynamic_sampling:
-        notes.append(f"dynamic sampling: up to algorithm.max_sampling_attempts={cfg.algorithm.max_sampling_attempts} "
-                     "generation rounds per step until every kept group has differing rewards")
-    return DataEstimate(prompts=prompts, samples_per_prompt=n, num_engines=num_engines, train_dp=train_dp,
-                        max_seq_len=max_seq_len, mini_batches=mini_batches, ppo_epochs=actor.ppo_epochs,
-                        tokens_per_micro_batch=tokens,
-                        micro_batches=micro_batches(actor, prompts, n, train_dp, max_seq_len), notes=notes)
+        notes.append(
+            f"dynamic sampling: up to algorithm.max_sampling_attempts={cfg.algorithm.max_sampling_attempts} "
+            "generation rounds per step until every kept group has differing rewards"
+        )
+    return DataEstimate(
+        prompts=prompts,
+        samples_per_prompt=n,
+        num_engines=num_engines,
+        train_dp=train_dp,
+        max_seq_len=max_seq_len,
+        mini_batches=mini_batches,
+        ppo_epochs=actor.ppo_epochs,
+        tokens_per_micro_batch=tokens,
+        micro_batches=micro_batches(actor, prompts, n, train_dp, max_seq_len),
+        notes=notes,
+    )

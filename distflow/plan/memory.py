@@ -30,13 +30,14 @@ flight: 1F1B keeps min(pp, micro-batches) on the first stage; the interleaved sc
 (1 + (pp - 1) / (pp * vpp)). The last stage also keeps the logits: bf16 plus the fp32 copy the log-prob
 and entropy computation makes, 6 bytes per (token, vocabulary entry / tp).
 """
+
 import math
 from dataclasses import dataclass
 from typing import Optional
 
 from distflow.plan.model_size import ModelArch, ShardParams
 
-GiB = 2 ** 30
+GiB = 2**30
 ACT_BYTES = 2  # bf16 activations
 LOGIT_BYTES = 2 + 4  # bf16 logits + their fp32 copy in the log-prob / entropy computation
 KV_BYTES = 2  # bf16 KV cache
@@ -69,8 +70,15 @@ class ModelStates:
         return self.weights + self.grads + self.optimizer
 
 
-def model_state_bytes(params: ShardParams, dtype: str, trains: bool, distributed_optimizer: bool,
-                      dense_dp: int, expert_dp: int, cpu_offload_fraction: float = 0.0) -> ModelStates:
+def model_state_bytes(
+    params: ShardParams,
+    dtype: str,
+    trains: bool,
+    distributed_optimizer: bool,
+    dense_dp: int,
+    expert_dp: int,
+    cpu_offload_fraction: float = 0.0,
+) -> ModelStates:
     """Weights, gradients and optimizer states on one GPU holding `params`.
 
     dense_dp / expert_dp: the ranks the distributed optimizer shards dense / expert states over
@@ -83,8 +91,12 @@ def model_state_bytes(params: ShardParams, dtype: str, trains: bool, distributed
     unsharded = params.total * b.optimizer
     sharded = params.dense * b.optimizer / dense_dp + params.expert * b.optimizer / expert_dp
     on_gpu = (sharded if distributed_optimizer else unsharded) * (1.0 - cpu_offload_fraction)
-    return ModelStates(weights=params.total * b.weight, grads=params.total * b.grad, optimizer=on_gpu,
-                       optimizer_unsharded=unsharded)
+    return ModelStates(
+        weights=params.total * b.weight,
+        grads=params.total * b.grad,
+        optimizer=on_gpu,
+        optimizer_unsharded=unsharded,
+    )
 
 
 def optimizer_cpu_offload_fraction(optim) -> float:
@@ -96,8 +108,9 @@ def optimizer_cpu_offload_fraction(optim) -> float:
     return float(extra.get("optimizer_offload_fraction", 0.0))
 
 
-def layer_activation_elements(arch: ModelArch, tp: int, sequence_parallel: bool, etp: int = 1,
-                              seq_len: Optional[int] = None) -> float:
+def layer_activation_elements(
+    arch: ModelArch, tp: int, sequence_parallel: bool, etp: int = 1, seq_len: Optional[int] = None
+) -> float:
     """2-byte elements one transformer layer keeps per token for backward, without recompute.
 
     seq_len: given for unfused attention (adds the a*s softmax term); None for flash attention.
@@ -130,10 +143,25 @@ class Activations:
     total: float
 
 
-def activation_bytes(arch: ModelArch, *, tokens: int, tp: int, pp: int, vpp: int, cp: int, etp: int,
-                     sequence_parallel: bool, recompute: Optional[str], recompute_method: Optional[str],
-                     recompute_num_layers: Optional[int], micro_batches: int, stage: int,
-                     padded_vocab: int, value_head: bool = False, seq_len: Optional[int] = None) -> Activations:
+def activation_bytes(
+    arch: ModelArch,
+    *,
+    tokens: int,
+    tp: int,
+    pp: int,
+    vpp: int,
+    cp: int,
+    etp: int,
+    sequence_parallel: bool,
+    recompute: Optional[str],
+    recompute_method: Optional[str],
+    recompute_num_layers: Optional[int],
+    micro_batches: int,
+    stage: int,
+    padded_vocab: int,
+    value_head: bool = False,
+    seq_len: Optional[int] = None,
+) -> Activations:
     """Activation bytes of pipeline stage `stage` while training (see the module docstring).
 
     tokens: tokens of one micro-batch (its token budget, or micro_batch_size x sequence length); each CP
@@ -142,7 +170,9 @@ def activation_bytes(arch: ModelArch, *, tokens: int, tp: int, pp: int, vpp: int
     """
     local_tokens = tokens / cp
     softmax_len = None if recompute == "selective" else seq_len  # selective recompute: core attention
-    per_layer = ACT_BYTES * local_tokens * layer_activation_elements(arch, tp, sequence_parallel, etp, softmax_len)
+    per_layer = (
+        ACT_BYTES * local_tokens * layer_activation_elements(arch, tp, sequence_parallel, etp, softmax_len)
+    )
     layers = arch.num_layers // pp
     layer_input = ACT_BYTES * local_tokens * arch.hidden_size / (tp if sequence_parallel else 1)
     working = 0.0
@@ -162,9 +192,14 @@ def activation_bytes(arch: ModelArch, *, tokens: int, tp: int, pp: int, vpp: int
     logits = 0.0
     if stage == pp - 1 and not value_head:
         logits = LOGIT_BYTES * local_tokens * padded_vocab / tp
-    return Activations(per_layer=per_layer, stored_per_microbatch=stored, in_flight=in_flight,
-                       recompute_working=working, logits=logits,
-                       total=stored * in_flight + working + logits)
+    return Activations(
+        per_layer=per_layer,
+        stored_per_microbatch=stored,
+        in_flight=in_flight,
+        recompute_working=working,
+        logits=logits,
+        total=stored * in_flight + working + logits,
+    )
 
 
 def kv_bytes_per_token(arch: ModelArch, engine_tp: int) -> int:
@@ -182,13 +217,22 @@ class EngineMemory:
     """weights + KV pool = mem_fraction_static x the free memory at engine start."""
 
 
-def engine_memory(gpu_bytes: float, mem_fraction_static: float, weight_bytes: float, resident_bytes: float,
-                  kv_per_token: int) -> EngineMemory:
+def engine_memory(
+    gpu_bytes: float,
+    mem_fraction_static: float,
+    weight_bytes: float,
+    resident_bytes: float,
+    kv_per_token: int,
+) -> EngineMemory:
     """SGLang's sizing: at start it measures the free memory F (the GPU minus what is already resident,
     e.g. the colocated Megatron states), loads its weights W, and takes the KV pool as what is then free
     minus a slack of F x (1 - mem_fraction_static):  KV = mem_fraction_static x F - W.
     (sglang/srt/mem_cache/kv_cache_configurator.py, _profile_available_bytes, SGLang 0.5.23.)"""
     free = gpu_bytes - resident_bytes
     kv = mem_fraction_static * free - weight_bytes
-    return EngineMemory(weights=weight_bytes, kv_cache=kv, kv_tokens=max(0, int(kv // kv_per_token)),
-                        static_total=mem_fraction_static * free)
+    return EngineMemory(
+        weights=weight_bytes,
+        kv_cache=kv,
+        kv_tokens=max(0, int(kv // kv_per_token)),
+        static_total=mem_fraction_static * free,
+    )

@@ -7,6 +7,7 @@ and an MLP (SwiGLU: fc1 = [gate; up], fc2) or a MoE block (router, routed expert
 expert); word embeddings on the first pipeline stage, the output layer on the last (also there when the
 embeddings are tied and pp > 1: Megatron keeps a copy on the last stage), vocabulary padded for TP.
 """
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from distflow.layout.model_shape import ModelShape
 @dataclass(frozen=True)
 class ModelArch:
     """The numbers of a decoder model that memory, KV-cache and weight-sync estimates need."""
+
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -55,17 +57,25 @@ class ModelArch:
         shape = ModelShape.from_hf_config(cfg, source)
         experts = num_experts(cfg)
         return cls(
-            num_layers=shape.num_layers, hidden_size=shape.hidden_size, num_heads=shape.num_heads,
+            num_layers=shape.num_layers,
+            hidden_size=shape.hidden_size,
+            num_heads=shape.num_heads,
             num_kv_heads=shape.num_kv_heads,
             head_dim=int(cfg.get("head_dim") or shape.hidden_size // shape.num_heads),
-            ffn_hidden_size=int(cfg.get("intermediate_size") or 0), vocab_size=shape.vocab_size,
+            ffn_hidden_size=int(cfg.get("intermediate_size") or 0),
+            vocab_size=shape.vocab_size,
             num_experts=experts,
             moe_ffn_hidden_size=int(cfg.get(spec.hf_expert_ffn_key, 0)) if experts else 0,
             moe_top_k=int(cfg.get("num_experts_per_tok", 0)) if experts else 0,
             shared_expert_ffn_hidden_size=int(cfg.get("shared_expert_intermediate_size", 0))
-            if getattr(spec, "shared_expert", False) else 0,
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=spec.qkv_bias,
-            qk_norm=spec.qk_layernorm, architecture=shape.architecture, unsupported=unsupported)
+            if getattr(spec, "shared_expert", False)
+            else 0,
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=spec.qkv_bias,
+            qk_norm=spec.qk_layernorm,
+            architecture=shape.architecture,
+            unsupported=unsupported,
+        )
 
     @classmethod
     def from_json(cls, path: str | Path) -> "ModelArch":
@@ -78,9 +88,15 @@ class ModelArch:
 
     def shape(self) -> ModelShape:
         """The subset that parallel layouts are validated against."""
-        return ModelShape(num_layers=self.num_layers, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                          hidden_size=self.hidden_size, vocab_size=self.vocab_size, num_experts=self.num_experts,
-                          architecture=self.architecture)
+        return ModelShape(
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            hidden_size=self.hidden_size,
+            vocab_size=self.vocab_size,
+            num_experts=self.num_experts,
+            architecture=self.architecture,
+        )
 
     @property
     def is_moe(self) -> bool:
@@ -142,16 +158,22 @@ class ModelArch:
         return self.total_params - self.num_layers * inactive
 
     def describe(self) -> str:
-        kind = (f"MoE, {self.num_experts} experts top-{self.moe_top_k}, "
-                f"{self.active_params / 1e9:.2f} B active" if self.is_moe else "dense")
-        return (f"{self.architecture}: {self.total_params / 1e9:.2f} B parameters ({kind}), {self.num_layers} layers, "
-                f"hidden {self.hidden_size}, {self.num_heads} heads / {self.num_kv_heads} KV heads x {self.head_dim}, "
-                f"vocab {self.vocab_size}" + (", tied embeddings" if self.tie_embeddings else ""))
+        kind = (
+            f"MoE, {self.num_experts} experts top-{self.moe_top_k}, {self.active_params / 1e9:.2f} B active"
+            if self.is_moe
+            else "dense"
+        )
+        return (
+            f"{self.architecture}: {self.total_params / 1e9:.2f} B parameters ({kind}), {self.num_layers} layers, "
+            f"hidden {self.hidden_size}, {self.num_heads} heads / {self.num_kv_heads} KV heads x {self.head_dim}, "
+            f"vocab {self.vocab_size}" + (", tied embeddings" if self.tie_embeddings else "")
+        )
 
 
 @dataclass(frozen=True)
 class ShardParams:
     """Parameters one GPU holds for a Megatron role on one pipeline stage."""
+
     dense: float
     """Non-expert parameters (sharded over TP, replicated over DP x CP)."""
     expert: float
@@ -168,8 +190,16 @@ def padded_vocab(vocab_size: int, tp: int) -> int:
     return padded_vocab_size(vocab_size, tp)
 
 
-def megatron_shard_params(arch: ModelArch, tp: int, pp: int, ep: int, etp: int, stage: int,
-                          value_head: bool = False, vocab_padding: bool = True) -> ShardParams:
+def megatron_shard_params(
+    arch: ModelArch,
+    tp: int,
+    pp: int,
+    ep: int,
+    etp: int,
+    stage: int,
+    value_head: bool = False,
+    vocab_padding: bool = True,
+) -> ShardParams:
     """Parameters that pipeline stage `stage` (0-based) of a Megatron layout puts on each of its GPUs.
 
     value_head: the critic, whose output layer is a 1-wide value head instead of the vocabulary.

@@ -9,6 +9,7 @@ the busiest sender sends its shard ceil(engines / replicas) times. The lower bou
 divided by the link: max(send, receive) / bandwidth; it ignores latency and the colocated ranks' own slice
 (a local copy), so a real sync is slower, never faster.
 """
+
 import math
 from dataclasses import dataclass
 
@@ -55,19 +56,35 @@ class ReshardEstimate:
         return max(self.send_bytes, self.recv_bytes) / self.bandwidth_bytes_s
 
 
-def estimate_reshard(arch: ModelArch, actor: ParallelLayout, num_engines: int, engine_tp: int, bucket_mb: float,
-                     bandwidth_gbps: float) -> ReshardEstimate:
+def estimate_reshard(
+    arch: ModelArch,
+    actor: ParallelLayout,
+    num_engines: int,
+    engine_tp: int,
+    bucket_mb: float,
+    bandwidth_gbps: float,
+) -> ReshardEstimate:
     """bandwidth_gbps: per-GPU link bandwidth in Gbit/s (e.g. 400 for one NDR InfiniBand NIC per GPU);
     bucket_mb: sync.bucket_mb, in MiB."""
     dense_replicas = actor.dp * actor.cp
     expert_replicas = actor.world_size // (actor.pp * actor.ep * actor.etp)
     send, stage_of_max = 0.0, 0
     for stage in range(actor.pp):
-        shard = megatron_shard_params(arch, actor.tp, actor.pp, actor.ep, actor.etp, stage, vocab_padding=False)
-        stage_send = SYNC_BYTES * (shard.dense * math.ceil(num_engines / dense_replicas)
-                                   + shard.expert * math.ceil(num_engines / expert_replicas))
+        shard = megatron_shard_params(
+            arch, actor.tp, actor.pp, actor.ep, actor.etp, stage, vocab_padding=False
+        )
+        stage_send = SYNC_BYTES * (
+            shard.dense * math.ceil(num_engines / dense_replicas)
+            + shard.expert * math.ceil(num_engines / expert_replicas)
+        )
         if stage_send > send:
             send, stage_of_max = stage_send, stage
-    return ReshardEstimate(model_bytes=SYNC_BYTES * arch.total_params, num_engines=num_engines, send_bytes=send,
-                           send_stage=stage_of_max, recv_bytes=SYNC_BYTES * engine_params_per_gpu(arch, engine_tp),
-                           bucket_bytes=int(bucket_mb * 2 ** 20), bandwidth_bytes_s=bandwidth_gbps * 1e9 / 8)
+    return ReshardEstimate(
+        model_bytes=SYNC_BYTES * arch.total_params,
+        num_engines=num_engines,
+        send_bytes=send,
+        send_stage=stage_of_max,
+        recv_bytes=SYNC_BYTES * engine_params_per_gpu(arch, engine_tp),
+        bucket_bytes=int(bucket_mb * 2**20),
+        bandwidth_bytes_s=bandwidth_gbps * 1e9 / 8,
+    )

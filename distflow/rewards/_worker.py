@@ -6,6 +6,7 @@ the socket FD (multiprocessing Connection framing): receive the parent's sys.pat
 preload, answer ("ready", None); then for each (path, kwargs) answer ("ok", float) or ("error", message).
 Exits when the parent closes the socket. A scorer that hangs is killed by the parent.
 """
+
 import sys
 import traceback
 from multiprocessing.connection import Connection

@@ -8,6 +8,7 @@ EOS. The reward is the number of positions where the two agree, divided by max(l
                   "1243"+EOS -> 3/5;  ""+EOS -> 0/5.
 Characters are compared exactly (no stripping): the response text is decoded without special tokens.
 """
+
 _EOS = object()  # never equal to a character
 
 

@@ -7,6 +7,7 @@ Commas, "$" and trailing punctuation (". , ; : !") are stripped; numbers compare
 This scorer is lenient on purpose ("####5", "#### $5", "#### 5." all count). For numbers comparable with
 verl's GSM8K baselines use reward.name=gsm8k_verl (gsm8k_verl.py), verl's exact rule.
 """
+
 import re
 from decimal import Decimal, InvalidOperation
 

@@ -9,6 +9,7 @@ format_score 0), 0.0 when there is no such match. So "####5", "#### $5" and "###
 One difference, for robustness only: a non-string ground truth (an int from a hand-made file) is compared as
 str(ground_truth); verl would compare the string with the int and always score 0.
 """
+
 import re
 
 TAIL_CHARS = 300  # verl reads only the end of the response (its _SOLUTION_CLIP_CHARS)

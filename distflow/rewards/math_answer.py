@@ -7,6 +7,7 @@ stripped, except "!", which math-verify reads as a factorial ("5!" == 120).
 A response without a boxed answer scores 0. Importing this module imports math-verify (about a second); the
 registry imports scorer modules only when a scorer is loaded.
 """
+
 import functools
 
 from math_verify import parse, verify
@@ -28,7 +29,7 @@ def last_boxed(text: str) -> str | None:
         return None
     i = start + len(command)
     if text.startswith(" ", i):  # "\boxed 5": the argument runs to the next whitespace or "$"
-        rest = text[i + 1:]
+        rest = text[i + 1 :]
         end = min([len(rest)] + [rest.find(s) for s in (" ", "$", "\n") if s in rest])
         return rest[:end] or None
     if not text.startswith("{", i):
@@ -40,7 +41,7 @@ def last_boxed(text: str) -> str | None:
         elif text[j] == "}":
             depth -= 1
             if depth == 0:
-                return text[i + 1:j]
+                return text[i + 1 : j]
     return None
 
 

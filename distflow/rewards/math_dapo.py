@@ -14,6 +14,7 @@ Reward range: +1.0 correct, -1.0 otherwise (no answer included), DAPO's and verl
 penalty (up to -overlong_penalty_factor) and logged rewards mean what they mean there. Accuracy is
 (reward + 1) / 2; the trainer's val/accuracy counts rewards >= 1 and is right as is.
 """
+
 import re
 
 TAIL_CHARS = 300  # DAPO's scorer reads only the end of the response (the longest MATH-500 answer is 159)
@@ -21,16 +22,68 @@ CORRECT, WRONG = 1.0, -1.0
 _ANSWER_LINE = re.compile(r"answer\s*:\s*([^\n]+)", re.IGNORECASE)
 
 # Minerva's normalisation, step by step (order matters: "an " before "a ", the spaces before unit words).
-_REPLACEMENTS = (("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
-                 (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"))
-_DELETED = ("square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
-            "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals",
-            "edges", "students", "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}",
-            "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;",
-            ",\\!", "{,}", '"', "\\dots")
+_REPLACEMENTS = (
+    ("an ", ""),
+    ("a ", ""),
+    (".$", "$"),
+    ("\\$", ""),
+    ("\\ ", ""),
+    (" ", ""),
+    ("mbox", "text"),
+    (",\\text{and}", ","),
+    ("\\text{and}", ","),
+    ("\\text{m}", "\\text{}"),
+)
+_DELETED = (
+    "square",
+    "ways",
+    "integers",
+    "dollars",
+    "mph",
+    "inches",
+    "hours",
+    "km",
+    "units",
+    "\\ldots",
+    "sue",
+    "points",
+    "feet",
+    "minutes",
+    "digits",
+    "cents",
+    "degrees",
+    "cm",
+    "gm",
+    "pounds",
+    "meters",
+    "meals",
+    "edges",
+    "students",
+    "childrentickets",
+    "multiples",
+    "\\text{s}",
+    "\\text{.}",
+    "\\text{\ns}",
+    "\\text{}^2",
+    "\\text{}^3",
+    "\\text{\n}",
+    "\\text{}",
+    "\\mathrm{th}",
+    "^\\circ",
+    "^{\\circ}",
+    "\\;",
+    ",\\!",
+    "{,}",
+    '"',
+    "\\dots",
+)
 _FIRST_INLINE_MATH = re.compile(r".*?\$(.*?)\$.*")  # keeps the first $...$ of the line
-_UNWRAPPED = (re.compile(r"\\text\{(.*?)\}"), re.compile(r"\\textbf\{(.*?)\}"), re.compile(r"\\overline\{(.*?)\}"),
-              re.compile(r"\\boxed\{(.*)\}"))
+_UNWRAPPED = (
+    re.compile(r"\\text\{(.*?)\}"),
+    re.compile(r"\\textbf\{(.*?)\}"),
+    re.compile(r"\\overline\{(.*?)\}"),
+    re.compile(r"\\boxed\{(.*)\}"),
+)
 _SHORT_FRAC = re.compile(r"frac([^{])(.)")
 _SHORT_SQRT = re.compile(r"sqrt([^{])")
 

@@ -5,6 +5,7 @@ max_new_tokens - overlong_buffer_len response tokens, then linear down to -overl
 max_new_tokens). This module applies it to a PackedBatch of rewards, taking each response's length from the
 samples' response mask, so it needs nothing beyond what travels with the samples.
 """
+
 import torch
 
 from distflow.algorithms.reward_shaping import overlong_penalty
@@ -19,8 +20,9 @@ def response_lengths(samples: PackedBatch) -> torch.Tensor:
     return torch.zeros(len(samples), dtype=torch.float32).index_add_(0, owner, mask).round().long()
 
 
-def shape_overlong(samples: PackedBatch, rewards: PackedBatch, max_new_tokens: int, buffer_len: int,
-                   factor: float) -> tuple[PackedBatch, torch.Tensor]:
+def shape_overlong(
+    samples: PackedBatch, rewards: PackedBatch, max_new_tokens: int, buffer_len: int, factor: float
+) -> tuple[PackedBatch, torch.Tensor]:
     """(rewards + overlong penalty, the penalty [n]). `rewards` must list the samples' ids in their order.
     buffer_len = 0 returns `rewards` itself and a zero penalty."""
     if not torch.equal(samples.sample_ids, rewards.sample_ids):

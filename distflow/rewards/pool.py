@@ -9,6 +9,7 @@ workers, and spawn/forkserver workers re-import the trainer's __main__ (torch: s
 worker, again at every respawn after a timeout) while fork is unsafe beside CUDA/NCCL threads; these workers
 are plain interpreters (_worker.py). tests/rewards/test_reward_pool.py checks that they never import torch.
 """
+
 import logging
 import math
 import subprocess
@@ -47,10 +48,13 @@ class RewardPool:
     now, in this process, against the scorer contract in registry.py).
     """
 
-    def __init__(self, name: str = "gsm8k", custom: str | None = None, num_workers: int = 2,
-                 timeout_s: float = 10.0):
+    def __init__(
+        self, name: str = "gsm8k", custom: str | None = None, num_workers: int = 2, timeout_s: float = 10.0
+    ):
         if num_workers < 0 or timeout_s <= 0:
-            raise ValueError(f"RewardPool needs num_workers >= 0 and timeout_s > 0 (got {num_workers}, {timeout_s})")
+            raise ValueError(
+                f"RewardPool needs num_workers >= 0 and timeout_s > 0 (got {num_workers}, {timeout_s})"
+            )
         self.name, self.custom, self.num_workers, self.timeout_s = name, custom, num_workers, timeout_s
         if custom:
             self._preload = [custom]
@@ -76,9 +80,19 @@ class RewardPool:
         is not empty), reward/errors, reward/timeouts. Raises only for a sample whose scorer cannot be chosen
         (reward.name=auto and an unknown data_source): that is a data/config error, not a scorer failure."""
         samples = [s if isinstance(s, RewardSample) else RewardSample(**s) for s in samples]
-        jobs = [(scorer_path(self.name, self.custom, s.data_source),
-                 dict(solution_str=s.response, ground_truth=s.ground_truth, extra_info=s.extra_info,
-                      data_source=s.data_source, ended_with_eos=s.ended_with_eos)) for s in samples]
+        jobs = [
+            (
+                scorer_path(self.name, self.custom, s.data_source),
+                dict(
+                    solution_str=s.response,
+                    ground_truth=s.ground_truth,
+                    extra_info=s.extra_info,
+                    data_source=s.data_source,
+                    ended_with_eos=s.ended_with_eos,
+                ),
+            )
+            for s in samples
+        ]
         rewards = [0.0] * len(jobs)
         outcomes = self._run_inline(jobs) if self.num_workers == 0 else self._run_in_workers(jobs)
         errors, timeouts, self.last_errors = 0, 0, []
@@ -90,12 +104,22 @@ class RewardPool:
                 timeouts += status == "timeout"
                 self.last_errors.append((i, value))
         if self.last_errors:
-            logger.warning("reward: %d errors and %d timeouts in %d samples; first: sample %d: %s",
-                           errors, timeouts, len(jobs), *self.last_errors[0])
+            logger.warning(
+                "reward: %d errors and %d timeouts in %d samples; first: sample %d: %s",
+                errors,
+                timeouts,
+                len(jobs),
+                *self.last_errors[0],
+            )
         stats = {"reward/errors": float(errors), "reward/timeouts": float(timeouts)}
         if rewards:
-            stats.update({"reward/mean": math.fsum(rewards) / len(rewards), "reward/max": max(rewards),
-                          "reward/min": min(rewards)})
+            stats.update(
+                {
+                    "reward/mean": math.fsum(rewards) / len(rewards),
+                    "reward/max": max(rewards),
+                    "reward/min": min(rewards),
+                }
+            )
         return rewards, stats
 
     def close(self) -> None:
@@ -133,7 +157,9 @@ class RewardPool:
                         pending.appendleft(task)  # the worker had died while idle; its replacement takes it
             live = [w for w in self._workers if not w.dead and (not w.ready or w.task is not None)]
             if live:
-                wait([w.conn for w in live], timeout=max(0.0, min(w.deadline for w in live) - time.monotonic()))
+                wait(
+                    [w.conn for w in live], timeout=max(0.0, min(w.deadline for w in live) - time.monotonic())
+                )
             for w in live:
                 result = w.poll()
                 if result is not None:
@@ -152,8 +178,11 @@ class _Worker:
 
     def __init__(self, preload: list[str]):
         parent, child = Pipe()
-        self.proc = subprocess.Popen([sys.executable, "-m", "distflow.rewards._worker", str(child.fileno())],
-                                     pass_fds=[child.fileno()], stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "distflow.rewards._worker", str(child.fileno())],
+            pass_fds=[child.fileno()],
+            stdin=subprocess.DEVNULL,
+        )
         child.close()
         self.conn = parent
         self.conn.send((list(sys.path), preload))

@@ -12,6 +12,7 @@ except math_dapo: +1 / -1, DAPO's values (math_dapo.py).
 Scorers are named by "module:function" strings rather than passed as objects so that the scoring worker
 processes import them themselves (nothing to pickle, custom modules included).
 """
+
 import functools
 import inspect
 import math
@@ -25,7 +26,7 @@ from distflow.config.dotted_path import load_callable
 BUILTIN_SCORERS = {
     "gsm8k": "distflow.rewards.gsm8k:score_strict",
     "gsm8k_flexible": "distflow.rewards.gsm8k:score_flexible",
-    "gsm8k_verl": "distflow.rewards.gsm8k_verl:score",   # verl's exact rule, for comparable numbers
+    "gsm8k_verl": "distflow.rewards.gsm8k_verl:score",  # verl's exact rule, for comparable numbers
     "math": "distflow.rewards.math_answer:score",
     "math_dapo": "distflow.rewards.math_dapo:score",
     "copy": "distflow.rewards.copy_task:score",
@@ -39,7 +40,7 @@ DATA_SOURCE_SCORERS = {
     "DigitalLearningGmbH/MATH-lighteval": "math",
     "HuggingFaceH4/MATH-500": "math",
     "math": "math",
-    "math_dapo": "math_dapo",   # BytedTsinghua-SIA/DAPO-Math-17k and AIME-2024 (DAPO's own files)
+    "math_dapo": "math_dapo",  # BytedTsinghua-SIA/DAPO-Math-17k and AIME-2024 (DAPO's own files)
     "distflow/copy": "copy",
 }
 # reward.name=auto, after an exact match failed: data_source prefix (compared in lower case) -> built-in name.
@@ -48,8 +49,10 @@ DATA_SOURCE_PREFIX_SCORERS = {
     "aime": "math_dapo",
 }
 OPTIONAL_KWARGS = ("data_source", "ended_with_eos")
-EXPECTED_SIGNATURE = ("fn(solution_str: str, ground_truth, extra_info: dict | None = None) -> float "
-                      f"(optional keyword parameters: {', '.join(OPTIONAL_KWARGS)})")
+EXPECTED_SIGNATURE = (
+    "fn(solution_str: str, ground_truth, extra_info: dict | None = None) -> float "
+    f"(optional keyword parameters: {', '.join(OPTIONAL_KWARGS)})"
+)
 
 
 class ScorerError(ValueError):
@@ -64,14 +67,23 @@ class Scorer:
     fn: Callable
     optional_kwargs: tuple[str, ...]
 
-    def __call__(self, solution_str: str, ground_truth, extra_info=None, *, data_source: str = "",
-                 ended_with_eos: bool = True) -> float:
+    def __call__(
+        self,
+        solution_str: str,
+        ground_truth,
+        extra_info=None,
+        *,
+        data_source: str = "",
+        ended_with_eos: bool = True,
+    ) -> float:
         given = {"data_source": data_source, "ended_with_eos": ended_with_eos}
         kwargs = {k: given[k] for k in self.optional_kwargs}
         value = self.fn(solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info, **kwargs)
         if isinstance(value, dict):
             if "score" not in value:
-                raise ScorerError(f"scorer {self.path} returned a dict without a 'score' entry: {sorted(value)}")
+                raise ScorerError(
+                    f"scorer {self.path} returned a dict without a 'score' entry: {sorted(value)}"
+                )
             value = value["score"]
         if not isinstance(value, numbers.Real) or not math.isfinite(value):  # numpy scalars are Real
             raise ScorerError(f"scorer {self.path} returned {value!r}; expected a finite float")
@@ -99,8 +111,10 @@ def _check_signature(path: str, fn: Callable) -> tuple[str, ...]:
     try:
         sig.bind(solution_str="", ground_truth="", extra_info=None, **{k: None for k in optional})
     except TypeError as e:
-        raise ScorerError(f"scorer {path!r} has signature {fn.__name__}{sig}, which cannot be called as the "
-                          f"scorer contract requires ({e}); expected {EXPECTED_SIGNATURE}") from None
+        raise ScorerError(
+            f"scorer {path!r} has signature {fn.__name__}{sig}, which cannot be called as the "
+            f"scorer contract requires ({e}); expected {EXPECTED_SIGNATURE}"
+        ) from None
     return optional
 
 
@@ -109,7 +123,9 @@ def auto_scorer_name(data_source: str) -> str | None:
     if data_source in DATA_SOURCE_SCORERS:
         return DATA_SOURCE_SCORERS[data_source]
     lowered = str(data_source).lower()
-    return next((name for prefix, name in DATA_SOURCE_PREFIX_SCORERS.items() if lowered.startswith(prefix)), None)
+    return next(
+        (name for prefix, name in DATA_SOURCE_PREFIX_SCORERS.items() if lowered.startswith(prefix)), None
+    )
 
 
 def scorer_path(name: str, custom: str | None, data_source: str) -> str:
@@ -119,10 +135,14 @@ def scorer_path(name: str, custom: str | None, data_source: str) -> str:
     if name == "auto":
         name = auto_scorer_name(data_source)
         if name is None:
-            raise ScorerError(f"reward.name=auto has no scorer for data_source {data_source!r}; known: "
-                              f"{sorted(DATA_SOURCE_SCORERS)} and names starting with "
-                              f"{sorted(DATA_SOURCE_PREFIX_SCORERS)}. Set reward.name or reward.custom.")
+            raise ScorerError(
+                f"reward.name=auto has no scorer for data_source {data_source!r}; known: "
+                f"{sorted(DATA_SOURCE_SCORERS)} and names starting with "
+                f"{sorted(DATA_SOURCE_PREFIX_SCORERS)}. Set reward.name or reward.custom."
+            )
     if name not in BUILTIN_SCORERS:
-        raise ScorerError(f"unknown reward.name {name!r}; choose 'auto' or one of {sorted(BUILTIN_SCORERS)}, "
-                          "or set reward.custom='module:function'")
+        raise ScorerError(
+            f"unknown reward.name {name!r}; choose 'auto' or one of {sorted(BUILTIN_SCORERS)}, "
+            "or set reward.custom='module:function'"
+        )
     return BUILTIN_SCORERS[name]

@@ -1,5 +1,6 @@
 """The toy task the end-to-end tests train on: a tiny qwen2 model and copy-task parquet files ("1234" ->
 "1234"), made locally, plus reading back a run's metrics."""
+
 import json
 import sys
 from pathlib import Path
@@ -14,8 +15,24 @@ def copy_task(root, *, train: int, test: int = 8) -> tuple[Path, Path]:
     root = Path(root)
     model = make_tiny_model("qwen2", root / "tiny-qwen2", vocab=300)
     data = root / "copy"
-    run([sys.executable, "tools/prepare_data.py", "copy", "--out", data, "--digits", "4", "--train", str(train),
-         "--test", str(test), "--seed", "1"], timeout_s=300)
+    run(
+        [
+            sys.executable,
+            "tools/prepare_data.py",
+            "copy",
+            "--out",
+            data,
+            "--digits",
+            "4",
+            "--train",
+            str(train),
+            "--test",
+            str(test),
+            "--seed",
+            "1",
+        ],
+        timeout_s=300,
+    )
     return model, data
 
 

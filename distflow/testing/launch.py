@@ -3,6 +3,7 @@
 Tests spawn their own processes through this so that a hung collective (or Megatron's checkpoint writer
 dying, which makes its parent wait forever) fails the test with the job's output instead of hanging CI.
 """
+
 import json
 import os
 import re
@@ -19,8 +20,15 @@ class JobFailed(RuntimeError):
     pass
 
 
-def torchrun(target: str, nproc: int, args=(), timeout_s: float = 300, env: dict | None = None,
-             module: bool = False, cwd: str | None = None) -> str:
+def torchrun(
+    target: str,
+    nproc: int,
+    args=(),
+    timeout_s: float = 300,
+    env: dict | None = None,
+    module: bool = False,
+    cwd: str | None = None,
+) -> str:
     """Runs `torchrun --standalone --nproc-per-node nproc target args...`; returns combined output.
 
     target is a script path, or a module name when module=True. Raises JobFailed with the output's tail on
@@ -42,8 +50,15 @@ def run(cmd, timeout_s: float = 300, env: dict | None = None, cwd: str | None = 
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.update(env or {})
     with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
-                                env=full_env, cwd=cwd or REPO_ROOT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=full_env,
+            cwd=cwd or REPO_ROOT,
+            start_new_session=True,
+        )
         try:
             proc.wait(timeout=timeout_s)
             timed_out = False

@@ -26,9 +26,16 @@ VERL_ALIASES = {
 
 # DAG node id -> verl's timing_s key (nodes of user pipelines keep their ids).
 TIMING_ALIASES = {
-    "generate": "gen", "reward": "reward", "old_logprob": "old_log_prob", "ref_logprob": "ref",
-    "values": "values", "advantage": "adv", "train_actor": "update_actor", "train_critic": "update_critic",
-    "sync_weights": "update_weights", "step": "step",
+    "generate": "gen",
+    "reward": "reward",
+    "old_logprob": "old_log_prob",
+    "ref_logprob": "ref",
+    "values": "values",
+    "advantage": "adv",
+    "train_actor": "update_actor",
+    "train_critic": "update_critic",
+    "sync_weights": "update_weights",
+    "step": "step",
 }
 
 
@@ -39,7 +46,7 @@ def alias(name: str, scheme: str) -> str:
     if scheme != "verl":
         raise ValueError(f"tracking.metric_names={scheme!r}; choose from {', '.join(METRIC_SCHEMES)}")
     if name.startswith("timing_s/"):
-        node = name[len("timing_s/"):]
+        node = name[len("timing_s/") :]
         return "timing_s/" + TIMING_ALIASES.get(node, node)
     return VERL_ALIASES.get(name, name)
 

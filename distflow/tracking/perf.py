@@ -5,14 +5,25 @@ being 6 per matmul parameter per token (forward + backward) plus the attention s
 sequence length (the count verl and Megatron use), times actor.ppo_epochs. The peak is the GPU's dense bf16
 peak (PEAK_BF16_TFLOPS); on an unknown GPU or on CPU there is no MFU.
 """
+
 import psutil
 import torch
 
 # Dense bf16 peak TFLOP/s by device-name fragment (first match wins: H200 before H20, L40S before L40).
-PEAK_BF16_TFLOPS = (("B200", 2250.0), ("H200", 989.0), ("H100", 989.0), ("H800", 989.0), ("H20", 148.0),
-                    ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0), ("L40", 181.0), ("A10", 125.0),
-                    ("4090", 165.0))
-GIB = 2 ** 30
+PEAK_BF16_TFLOPS = (
+    ("B200", 2250.0),
+    ("H200", 989.0),
+    ("H100", 989.0),
+    ("H800", 989.0),
+    ("H20", 148.0),
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("L40S", 362.0),
+    ("L40", 181.0),
+    ("A10", 125.0),
+    ("4090", 165.0),
+)
+GIB = 2**30
 
 
 def peak_flops(device_name: str) -> float | None:
@@ -63,6 +74,7 @@ class ActorMFU:
         seconds = step_metrics.get("timing_s/train_actor")
         if not tokens or not samples or not seconds:
             return {}
-        per_token = train_flops_per_token(self.matmul_params, self.num_layers, self.attention_width,
-                                          seq_len=tokens / samples)
+        per_token = train_flops_per_token(
+            self.matmul_params, self.num_layers, self.attention_width, seq_len=tokens / samples
+        )
         return {"perf/mfu/actor": mfu(per_token * tokens * self.epochs, seconds, self.peak, self.gpus)}

@@ -6,6 +6,7 @@ step ends, torch.profiler.tensorboard_trace_handler writes a Chrome trace (JSON)
 point TensorBoard's profiler plugin at <output_dir>/profile/rank<k>. Steps not listed run unprofiled, at no
 cost.
 """
+
 from contextlib import contextmanager
 from pathlib import Path
 

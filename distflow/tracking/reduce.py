@@ -10,6 +10,7 @@ each name by what it means:
                   every rank, such as the actor's losses, or whose mean over ranks is what is meant)
 The first matching pattern wins. docs/metrics.md lists every metric with its reduction.
 """
+
 import math
 import re
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class Reduction:
-    op: str                   # "max", "min", "sum", "mean" or "wmean"
+    op: str  # "max", "min", "sum", "mean" or "wmean"
     weight: str | None = None  # wmean: the metric holding each rank's count
 
 
@@ -31,20 +32,23 @@ def _weighted_by(count: str) -> Reduction:
 
 
 # (pattern, reduction); searched in order, the first match wins.
-REDUCTIONS: tuple[tuple[re.Pattern, Reduction], ...] = tuple((re.compile(p), r) for p, r in (
-    (r"/max$|_max$", MAX),
-    (r"/min$|_min$", MIN),
-    # The oldest weights behind any sample; the slowest rank's time is the step's time.
-    (r"^rollout/weight_version$", MIN),
-    (r"^(rollout|sync)/seconds$", MAX),
-    (r"^perf/(max_memory_\w+|cpu_memory_used)_gb$", MAX),  # the fullest rank is the one that runs out
-    (r"^rollout/(tokens|samples)$|^reward/(errors|timeouts|samples)$|^advantage/samples$", SUM),
-    # Rollout / reward means are over each engine owner's own samples: weight by its sample count.
-    (r"^rollout/(response|prompt)_length/(mean|clip_ratio)$", _weighted_by("rollout/samples")),
-    (r"^reward/mean$", _weighted_by("reward/samples")),
-    (r"^(advantage|reward/shaped)/mean$", _weighted_by("advantage/samples")),
-    (r"^dapo/overlong_penalty$", _weighted_by("rollout/samples")),
-))
+REDUCTIONS: tuple[tuple[re.Pattern, Reduction], ...] = tuple(
+    (re.compile(p), r)
+    for p, r in (
+        (r"/max$|_max$", MAX),
+        (r"/min$|_min$", MIN),
+        # The oldest weights behind any sample; the slowest rank's time is the step's time.
+        (r"^rollout/weight_version$", MIN),
+        (r"^(rollout|sync)/seconds$", MAX),
+        (r"^perf/(max_memory_\w+|cpu_memory_used)_gb$", MAX),  # the fullest rank is the one that runs out
+        (r"^rollout/(tokens|samples)$|^reward/(errors|timeouts|samples)$|^advantage/samples$", SUM),
+        # Rollout / reward means are over each engine owner's own samples: weight by its sample count.
+        (r"^rollout/(response|prompt)_length/(mean|clip_ratio)$", _weighted_by("rollout/samples")),
+        (r"^reward/mean$", _weighted_by("reward/samples")),
+        (r"^(advantage|reward/shaped)/mean$", _weighted_by("advantage/samples")),
+        (r"^dapo/overlong_penalty$", _weighted_by("rollout/samples")),
+    )
+)
 
 
 def reduction_for(name: str) -> Reduction:
@@ -76,8 +80,11 @@ def reduce_metrics(per_rank: list[dict]) -> dict[str, float]:
             weights = [float(m.get(r.weight, 1.0)) for _, m in recorded]
             total = math.fsum(weights)
             # A step where no rank had samples: the plain mean (of zeros, usually), not a division by 0.
-            out[name] = (math.fsum(x * w for x, w in zip(xs, weights)) / total if total > 0
-                         else math.fsum(xs) / len(xs))
+            out[name] = (
+                math.fsum(x * w for x, w in zip(xs, weights)) / total
+                if total > 0
+                else math.fsum(xs) / len(xs)
+            )
         else:
             out[name] = math.fsum(xs) / len(xs)
     return out

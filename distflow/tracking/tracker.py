@@ -20,6 +20,7 @@ Resume: construct with the `run_id` and last step saved in the checkpoint. JSONL
 (dropping lines after `resume_step`, logged before a crash but not checkpointed), TensorBoard purges events
 after it, and W&B resumes the same run id.
 """
+
 import json
 import logging
 import math
@@ -32,11 +33,31 @@ from distflow.tracking.aliases import alias, rename
 
 logger = logging.getLogger(__name__)
 
-METRIC_PREFIXES = ("timing_s/", "perf/", "actor/", "critic/", "rollout/", "reward/", "advantage/", "val/", "sync/",
-                   "data/", "dapo/")
+METRIC_PREFIXES = (
+    "timing_s/",
+    "perf/",
+    "actor/",
+    "critic/",
+    "rollout/",
+    "reward/",
+    "advantage/",
+    "val/",
+    "sync/",
+    "data/",
+    "dapo/",
+)
 # What the console line shows first (those present); everything is in metrics.jsonl.
-_CONSOLE_KEYS = ("reward/mean", "val/reward/mean", "actor/pg_loss", "actor/kl", "actor/entropy",
-                 "rollout/response_length/mean", "perf/throughput", "perf/time_per_step", "sync/seconds")
+_CONSOLE_KEYS = (
+    "reward/mean",
+    "val/reward/mean",
+    "actor/pg_loss",
+    "actor/kl",
+    "actor/entropy",
+    "rollout/response_length/mean",
+    "perf/throughput",
+    "perf/time_per_step",
+    "sync/seconds",
+)
 _CONSOLE_MAX = 8
 
 
@@ -51,8 +72,17 @@ class Tracker:
     total_steps: the run's length, for the console's progress (step k/N, percent, time left).
     """
 
-    def __init__(self, cfg, output_dir: str | Path, *, rank: int = 0, run_id: str | None = None,
-                 resume_step: int | None = None, config: dict | None = None, total_steps: int | None = None):
+    def __init__(
+        self,
+        cfg,
+        output_dir: str | Path,
+        *,
+        rank: int = 0,
+        run_id: str | None = None,
+        resume_step: int | None = None,
+        config: dict | None = None,
+        total_steps: int | None = None,
+    ):
         self.rank = rank
         self.output_dir = Path(output_dir)
         self.run_id = run_id or (_new_run_id() if rank == 0 else None)
@@ -68,17 +98,20 @@ class Tracker:
             if backend == "console":
                 self._backends.append(_Console(total_steps, self.metric_names))
             elif backend == "jsonl":
-                self._backends.append(_Jsonl(self.output_dir / "metrics.jsonl", resume_step,
-                                             self.output_dir / "samples.jsonl"))
+                self._backends.append(
+                    _Jsonl(self.output_dir / "metrics.jsonl", resume_step, self.output_dir / "samples.jsonl")
+                )
             elif backend == "tensorboard":
                 self._backends.append(_TensorBoard(self.output_dir / "tensorboard", resume_step, config))
             elif backend == "wandb":
                 if cfg.wandb_mode != "disabled":
-                    self._backends.append(_Wandb(cfg.project, name, self.run_id, cfg.wandb_mode,
-                                                 self.output_dir, config))
+                    self._backends.append(
+                        _Wandb(cfg.project, name, self.run_id, cfg.wandb_mode, self.output_dir, config)
+                    )
             else:
-                raise ValueError(f"unknown tracking backend {backend!r}; choose from console, jsonl, "
-                                 "tensorboard, wandb")
+                raise ValueError(
+                    f"unknown tracking backend {backend!r}; choose from console, jsonl, tensorboard, wandb"
+                )
 
     def log(self, metrics: dict, step: int) -> None:
         """Records `metrics` (name -> number; tensors and numpy scalars are converted) for `step`."""
@@ -127,7 +160,9 @@ class Tracker:
             prefix = key.split("/")[0]
             if prefix not in self._warned_prefixes:
                 self._warned_prefixes.add(prefix)
-                logger.warning("metric %r is outside the naming conventions (%s)", key, ", ".join(METRIC_PREFIXES))
+                logger.warning(
+                    "metric %r is outside the naming conventions (%s)", key, ", ".join(METRIC_PREFIXES)
+                )
 
 
 def wandb_mode(mode: str) -> str:
@@ -207,8 +242,11 @@ def _open_for_append(path: Path, resume_step: int | None):
         text = path.read_text()
         # A crash can leave a torn last line; keep whole records only, and none after resume_step.
         steps = [(line, _record_step(line)) for line in text.splitlines()]
-        kept = "".join(line + "\n" for line, step in steps
-                       if step is not None and (resume_step is None or step <= resume_step))
+        kept = "".join(
+            line + "\n"
+            for line, step in steps
+            if step is not None and (resume_step is None or step <= resume_step)
+        )
         if kept != text:
             path.write_text(kept)
     return open(path, "a")
@@ -222,7 +260,9 @@ class _TensorBoard:
         self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge)
         if config is not None:  # TensorBoard's text plugin renders markdown: a code block keeps the layout
             text = json.dumps(config, indent=2, default=str)
-            self.writer.add_text("config", "    " + text.replace("\n", "\n    "), global_step=resume_step or 0)
+            self.writer.add_text(
+                "config", "    " + text.replace("\n", "\n    "), global_step=resume_step or 0
+            )
 
     def log(self, metrics: dict, step: int) -> None:
         for key, value in metrics.items():
@@ -240,11 +280,20 @@ class _TensorBoard:
 
 
 class _Wandb:
-    def __init__(self, project: str, name: str, run_id: str, mode: str, output_dir: Path, config: dict | None):
+    def __init__(
+        self, project: str, name: str, run_id: str, mode: str, output_dir: Path, config: dict | None
+    ):
         import wandb  # imported only when the backend is on
 
-        self.run = wandb.init(project=project, name=name, id=run_id, resume="allow", mode=wandb_mode(mode),
-                              dir=str(output_dir), config=config)
+        self.run = wandb.init(
+            project=project,
+            name=name,
+            id=run_id,
+            resume="allow",
+            mode=wandb_mode(mode),
+            dir=str(output_dir),
+            config=config,
+        )
 
     def log(self, metrics: dict, step: int) -> None:
         self.run.log(metrics, step=step)

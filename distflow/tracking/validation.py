@@ -8,6 +8,7 @@ ranks and `validation_metrics` turns them into
 accuracy being the fraction of answers with reward >= 1 (a fully correct answer under the usual scorers), and
 a few sample rows (prompt, response, ground truth, reward) for the tracker's sample table.
 """
+
 import math
 from dataclasses import dataclass, field
 
@@ -19,18 +20,28 @@ class ValidationTally:
     """One rank's held-out answers: per data_source [reward sum, answers, perfect answers], and up to
     `max_rows` sample rows (the first ones scored: greedy validation on fixed prompts, so the same rows each
     time, comparable across steps)."""
+
     max_rows: int = 0
     by_source: dict = field(default_factory=dict)
     rows: list = field(default_factory=list)
 
-    def add(self, data_source: str, reward: float, prompt: str = "", response: str = "", ground_truth=None) -> None:
+    def add(
+        self, data_source: str, reward: float, prompt: str = "", response: str = "", ground_truth=None
+    ) -> None:
         totals = self.by_source.setdefault(data_source, [0.0, 0, 0])
         totals[0] += float(reward)
         totals[1] += 1
         totals[2] += float(reward) >= PERFECT
         if len(self.rows) < self.max_rows:
-            self.rows.append({"data_source": data_source, "prompt": prompt, "response": response,
-                              "ground_truth": str(ground_truth), "reward": float(reward)})
+            self.rows.append(
+                {
+                    "data_source": data_source,
+                    "prompt": prompt,
+                    "response": response,
+                    "ground_truth": str(ground_truth),
+                    "reward": float(reward),
+                }
+            )
 
 
 def validation_metrics(tallies: list[ValidationTally], max_rows: int) -> tuple[dict[str, float], list[dict]]:

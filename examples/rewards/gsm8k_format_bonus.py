@@ -10,6 +10,7 @@ It follows the scorer contract of distflow/rewards/registry.py: keyword argument
 extra_info, plus the optional `ended_with_eos` it declares. Pure Python, no imports of DistFlow: a scorer
 runs in the reward pool's worker processes, once per response.
 """
+
 import re
 
 FORMAT_BONUS = 0.1

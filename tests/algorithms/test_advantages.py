@@ -1,4 +1,5 @@
 """Advantage estimators against hand-computed values and their defining properties."""
+
 import dataclasses
 
 import pytest
@@ -7,8 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distflow.algorithms import (
-    compute_advantages, gae_advantages, grpo_advantages, masked_whiten, outcome_token_rewards,
-    reinforce_pp_advantages, reinforce_pp_baseline_advantages, rloo_advantages)
+    compute_advantages,
+    gae_advantages,
+    grpo_advantages,
+    masked_whiten,
+    outcome_token_rewards,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+)
 from distflow.config.schema import AlgorithmConfig
 
 # Three interleaved groups: 0 -> rewards [1, 0, 0.5], 1 -> [2, 4], 2 -> [7] (a group of one).
@@ -29,13 +37,17 @@ def test_grpo_by_hand():
     # group 0: mean 0.5, unbiased std sqrt((0.25 + 0.25 + 0) / 2) = 0.5 -> [1, -1, 0]
     # group 1: mean 3,   unbiased std sqrt((1 + 1) / 1) = sqrt(2)     -> [-1/sqrt 2, 1/sqrt 2]
     # group 2: one sample -> 0
-    expected = torch.tensor([0.5 / 0.500001, -1 / 2 ** 0.5, -0.5 / 0.500001, 0.0, 1 / 2 ** 0.5, 0.0])
-    torch.testing.assert_close(per_sequence(grpo_advantages(REWARDS, GROUPS, MASK)), expected, atol=1e-5, rtol=0)
+    expected = torch.tensor([0.5 / 0.500001, -1 / 2**0.5, -0.5 / 0.500001, 0.0, 1 / 2**0.5, 0.0])
+    torch.testing.assert_close(
+        per_sequence(grpo_advantages(REWARDS, GROUPS, MASK)), expected, atol=1e-5, rtol=0
+    )
 
 
 def test_dr_grpo_only_centres():
     expected = torch.tensor([0.5, -1.0, -0.5, 0.0, 1.0, 0.0])  # r - group mean; group of one -> 0
-    torch.testing.assert_close(per_sequence(grpo_advantages(REWARDS, GROUPS, MASK, norm_adv_by_std=False)), expected)
+    torch.testing.assert_close(
+        per_sequence(grpo_advantages(REWARDS, GROUPS, MASK, norm_adv_by_std=False)), expected
+    )
 
 
 def test_group_labels_may_be_any_hashables():
@@ -44,13 +56,18 @@ def test_group_labels_may_be_any_hashables():
 
 
 @settings(max_examples=50, deadline=None)
-@given(samples=st.lists(st.tuples(st.floats(-10, 10), st.integers(0, 3)), min_size=1, max_size=12),
-       by_std=st.booleans())
+@given(
+    samples=st.lists(st.tuples(st.floats(-10, 10), st.integers(0, 3)), min_size=1, max_size=12),
+    by_std=st.booleans(),
+)
 def test_grpo_and_rloo_advantages_of_a_group_sum_to_zero(samples, by_std):
     rewards = torch.tensor([r for r, _ in samples], dtype=torch.float64)
     groups = torch.tensor([g for _, g in samples])
     mask = torch.ones(len(samples), 2)
-    for advantages in (grpo_advantages(rewards, groups, mask, by_std), rloo_advantages(rewards, groups, mask)):
+    for advantages in (
+        grpo_advantages(rewards, groups, mask, by_std),
+        rloo_advantages(rewards, groups, mask),
+    ):
         sums = torch.zeros(4, dtype=torch.float64).index_add(0, groups, advantages[:, 0])
         torch.testing.assert_close(sums, torch.zeros(4, dtype=torch.float64), atol=1e-6, rtol=0)
 
@@ -72,7 +89,7 @@ def test_a_group_of_equal_rewards_gets_exactly_zero(value):
     assert dr_grpo[:8].tolist() == [0.0] * 8
     rloo = per_sequence(rloo_advantages(rewards, groups, mask), mask)
     assert rloo[:8].tolist() == [0.0] * 8
-    torch.testing.assert_close(rloo[8:], signs * 4 / 7)   # 1 - 3/7 = 4/7, 0 - 4/7
+    torch.testing.assert_close(rloo[8:], signs * 4 / 7)  # 1 - 3/7 = 4/7, 0 - 4/7
     baseline = per_sequence(reinforce_pp_baseline_advantages(rewards, groups, mask), mask)
     assert baseline[:8].tolist() == [0.0] * 8
     # centred [0]*8 + [-0.5, 0.5]*4 over 32 tokens: mean 0, unbiased var (16 * 0.25) / 31
@@ -96,14 +113,16 @@ def test_reinforce_pp_by_hand():
     advantages, returns = reinforce_pp_advantages(token_rewards, mask, gamma=0.5)
     torch.testing.assert_close(returns, torch.tensor([[0.25, 0.5, 1.0], [1.0, 2.0, 0.0]]))
     deviations = torch.tensor([[-0.7, -0.45, 0.05], [0.05, 1.05, 0.0]])
-    torch.testing.assert_close(advantages, deviations / 0.45 ** 0.5)
+    torch.testing.assert_close(advantages, deviations / 0.45**0.5)
     unwhitened, _ = reinforce_pp_advantages(token_rewards, mask, gamma=0.5, whiten=False)
     torch.testing.assert_close(unwhitened, returns)
 
 
 def test_masked_holes_are_not_steps():
     # A tool-output hole at t = 1: its reward is ignored and it does not discount: [1 * 0.5, 0, 1]
-    _, returns = reinforce_pp_advantages(torch.tensor([[0.0, 5.0, 1.0]]), torch.tensor([[1, 0, 1]]), gamma=0.5)
+    _, returns = reinforce_pp_advantages(
+        torch.tensor([[0.0, 5.0, 1.0]]), torch.tensor([[1, 0, 1]]), gamma=0.5
+    )
     torch.testing.assert_close(returns, torch.tensor([[0.5, 0.0, 1.0]]))
 
 
@@ -160,8 +179,9 @@ def test_compute_advantages_dispatches_on_the_config():
     rloo, _ = compute_advantages(dataclasses.replace(cfg, adv_estimator="rloo"), token_rewards, MASK, GROUPS)
     torch.testing.assert_close(rloo, rloo_advantages(REWARDS, GROUPS, MASK))
     values = torch.zeros(MASK.shape)
-    gae, gae_returns = compute_advantages(dataclasses.replace(cfg, adv_estimator="gae", lam=0.95), token_rewards,
-                                          MASK, values=values)
+    gae, gae_returns = compute_advantages(
+        dataclasses.replace(cfg, adv_estimator="gae", lam=0.95), token_rewards, MASK, values=values
+    )
     torch.testing.assert_close((gae, gae_returns), gae_advantages(token_rewards, values, MASK, 1.0, 0.95))
     with pytest.raises(ValueError, match="group_ids"):
         compute_advantages(cfg, token_rewards, MASK)

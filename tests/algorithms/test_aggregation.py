@@ -1,4 +1,5 @@
 """Loss aggregation modes and masked statistics, against hand-computed values."""
+
 import math
 
 import pytest
@@ -12,12 +13,15 @@ LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 MASK = torch.tensor([[1, 1, 0], [1, 1, 1]])  # row 0 has 2 response tokens, row 1 has 3
 
 
-@pytest.mark.parametrize("mode, expected", [
-    ("token-mean", 18 / 5),                       # (1 + 2 + 4 + 5 + 6) / 5 tokens
-    ("seq-mean-token-sum", (3 + 15) / 2),         # row sums 3 and 15, mean over 2 rows
-    ("seq-mean-token-mean", (3 / 2 + 15 / 3) / 2),  # row means 1.5 and 5 -> 3.25
-    ("seq-mean-token-sum-norm", (3 / 3 + 15 / 3) / 2),  # row sums / padded length 3 -> (1 + 5) / 2
-])
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("token-mean", 18 / 5),  # (1 + 2 + 4 + 5 + 6) / 5 tokens
+        ("seq-mean-token-sum", (3 + 15) / 2),  # row sums 3 and 15, mean over 2 rows
+        ("seq-mean-token-mean", (3 / 2 + 15 / 3) / 2),  # row means 1.5 and 5 -> 3.25
+        ("seq-mean-token-sum-norm", (3 / 3 + 15 / 3) / 2),  # row sums / padded length 3 -> (1 + 5) / 2
+    ],
+)
 def test_modes_by_hand(mode, expected):
     assert aggregate(LOSS, MASK, mode).item() == pytest.approx(expected)
 
@@ -50,9 +54,9 @@ def test_empty_mask_gives_zero(mode):
 def test_masked_mean_var_whiten_by_hand():
     values = torch.tensor([[1.0, 2.0], [3.0, 100.0]])
     mask = torch.tensor([[True, True], [True, False]])
-    assert masked_mean(values, mask).item() == pytest.approx(2.0)          # (1 + 2 + 3) / 3
-    assert masked_var(values, mask).item() == pytest.approx(1.0)           # (1 + 0 + 1) / (3 - 1)
-    expected = torch.tensor([[-1.0, 0.0], [1.0, 0.0]])                      # (x - 2) / sqrt(1), 0 off the mask
+    assert masked_mean(values, mask).item() == pytest.approx(2.0)  # (1 + 2 + 3) / 3
+    assert masked_var(values, mask).item() == pytest.approx(1.0)  # (1 + 0 + 1) / (3 - 1)
+    expected = torch.tensor([[-1.0, 0.0], [1.0, 0.0]])  # (x - 2) / sqrt(1), 0 off the mask
     torch.testing.assert_close(masked_whiten(values, mask), expected, atol=1e-6, rtol=0)
 
 
@@ -64,4 +68,5 @@ def test_token_mean_equals_seq_mean_token_mean_for_equal_lengths(batch, length, 
     mask = torch.zeros(batch, length + pad)
     mask[:, :length] = 1
     assert aggregate(loss, mask, "token-mean").item() == pytest.approx(
-        aggregate(loss, mask, "seq-mean-token-mean").item(), abs=1e-12)
+        aggregate(loss, mask, "seq-mean-token-mean").item(), abs=1e-12
+    )

@@ -1,4 +1,5 @@
 """Every estimator record has its function, and compute_advantages dispatches through them by kind."""
+
 import dataclasses
 
 import pytest
@@ -25,10 +26,12 @@ def test_token_level_and_baseline_estimators_dispatch_with_their_options():
     token_rewards = torch.zeros(MASK.shape)
     token_rewards[torch.arange(4), MASK.sum(-1) - 1] = REWARDS
     cfg = AlgorithmConfig(adv_estimator="reinforce_pp", gamma=0.9)
-    torch.testing.assert_close(compute_advantages(cfg, token_rewards, MASK),
-                               reinforce_pp_advantages(token_rewards, MASK, gamma=0.9))
-    base, returns = compute_advantages(dataclasses.replace(cfg, adv_estimator="reinforce_pp_baseline"),
-                                       token_rewards, MASK, GROUPS)
+    torch.testing.assert_close(
+        compute_advantages(cfg, token_rewards, MASK), reinforce_pp_advantages(token_rewards, MASK, gamma=0.9)
+    )
+    base, returns = compute_advantages(
+        dataclasses.replace(cfg, adv_estimator="reinforce_pp_baseline"), token_rewards, MASK, GROUPS
+    )
     torch.testing.assert_close(base, reinforce_pp_baseline_advantages(REWARDS, GROUPS, MASK))
     assert returns is None
 

@@ -1,4 +1,5 @@
 """KL estimators and entropy, against hand-computed values and their defining properties."""
+
 import math
 
 import pytest
@@ -15,7 +16,9 @@ REF = torch.tensor([[-1.5, -1.0]])  # log r = ref - logprob = [-0.5, 1.0]
 
 def test_estimators_by_hand():
     torch.testing.assert_close(kl_divergence(LOGPROB, REF, "k1"), torch.tensor([[0.5, -1.0]]))  # -log r
-    torch.testing.assert_close(kl_divergence(LOGPROB, REF, "k2"), torch.tensor([[0.125, 0.5]]))  # (log r)^2 / 2
+    torch.testing.assert_close(
+        kl_divergence(LOGPROB, REF, "k2"), torch.tensor([[0.125, 0.5]])
+    )  # (log r)^2 / 2
     # r - 1 - log r: e^-0.5 - 1 + 0.5 = 0.1065307, e^1 - 1 - 1 = 0.7182818
     torch.testing.assert_close(kl_divergence(LOGPROB, REF, "k3"), torch.tensor([[0.1065307, 0.7182818]]))
 

@@ -1,4 +1,5 @@
 """Actor losses (PPO clip, dual-clip, GSPO, the config entry) and the critic loss, against hand-computed values."""
+
 import dataclasses
 import math
 
@@ -32,7 +33,7 @@ def ppo(**kwargs):
 def test_ppo_loss_and_metrics_by_hand():
     loss, metrics = ppo()
     assert loss.item() == pytest.approx(0.084)
-    assert metrics["pg_clipfrac"].item() == pytest.approx(2 / 5)        # tokens 1 and 2
+    assert metrics["pg_clipfrac"].item() == pytest.approx(2 / 5)  # tokens 1 and 2
     assert metrics["pg_clipfrac_lower"].item() == pytest.approx(1 / 5)  # token 3
     # -mean(log r) = -ln(1.1 * 1.5 * 0.5 * 4 * 0.5) / 5 = -ln(1.65) / 5
     assert metrics["ppo_kl"].item() == pytest.approx(-math.log(1.65) / 5)
@@ -51,8 +52,11 @@ def test_ppo_rejects_dual_clip_at_or_below_one():
 
 
 @settings(max_examples=60, deadline=None)
-@given(tokens=st.lists(st.tuples(st.floats(-2.0, 2.0), st.floats(-3.0, 3.0)), min_size=1, max_size=10),
-       low=st.floats(0.05, 0.3), high=st.floats(0.05, 0.4))
+@given(
+    tokens=st.lists(st.tuples(st.floats(-2.0, 2.0), st.floats(-3.0, 3.0)), min_size=1, max_size=10),
+    low=st.floats(0.05, 0.3),
+    high=st.floats(0.05, 0.4),
+)
 def test_ppo_gradient_is_minus_advantage_times_ratio_gradient_or_zero(tokens, low, high):
     log_ratio, advantages = torch.tensor(tokens, dtype=torch.float64).unbind(-1)
     ratio = log_ratio.exp()
@@ -60,8 +64,16 @@ def test_ppo_gradient_is_minus_advantage_times_ratio_gradient_or_zero(tokens, lo
     assume(all(abs(ratio - bound).min() > 1e-6 for bound in (1 - low, 1 + high, c)))
     assume(advantages.abs().min() > 1e-6)
     logprob = log_ratio.clone().requires_grad_(True)
-    loss, _ = ppo_clip_loss(logprob[None], torch.zeros(1, len(tokens), dtype=torch.float64), advantages[None],
-                            torch.ones(1, len(tokens)), low, high, c, "token-mean")
+    loss, _ = ppo_clip_loss(
+        logprob[None],
+        torch.zeros(1, len(tokens), dtype=torch.float64),
+        advantages[None],
+        torch.ones(1, len(tokens)),
+        low,
+        high,
+        c,
+        "token-mean",
+    )
     loss.backward()
     clipped = ((advantages > 0) & (ratio > 1 + high)) | ((advantages < 0) & (ratio < 1 - low))
     dual_clipped = (advantages < 0) & (ratio > c)
@@ -115,9 +127,14 @@ def config(**fields):
 
 def entry_inputs():
     logprob = torch.tensor([[-1.0, -2.0]])
-    return dict(logprob=logprob, old_logprob=logprob.clone(), advantages=torch.tensor([[1.0, 3.0]]),
-                response_mask=torch.ones(1, 2), entropy=torch.tensor([[0.5, 1.5]]),
-                ref_logprob=logprob - torch.tensor([[0.2, 0.4]]))
+    return dict(
+        logprob=logprob,
+        old_logprob=logprob.clone(),
+        advantages=torch.tensor([[1.0, 3.0]]),
+        response_mask=torch.ones(1, 2),
+        entropy=torch.tensor([[0.5, 1.5]]),
+        ref_logprob=logprob - torch.tensor([[0.2, 0.4]]),
+    )
 
 
 def test_policy_loss_entry_combines_the_terms():
@@ -125,7 +142,9 @@ def test_policy_loss_entry_combines_the_terms():
     cfg = config(entropy_coef=0.01, kl_coef=0.1, kl_estimator="k1")
     loss, metrics = policy_loss(config=cfg, **entry_inputs())
     assert loss.item() == pytest.approx(-2 - 0.01 * 1.0 + 0.1 * 0.3)
-    assert {"pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "entropy", "kl"} <= set(metrics)
+    assert {"pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "entropy", "kl"} <= set(
+        metrics
+    )
     assert metrics["pg_loss"].item() == pytest.approx(-2.0)
     assert metrics["kl"].item() == pytest.approx(0.3)
 
@@ -137,10 +156,19 @@ def test_policy_loss_entry_combines_the_terms():
 def test_policy_loss_entry_dispatches_gspo():
     inputs = entry_inputs()
     inputs["logprob"] = inputs["logprob"] + torch.tensor([[0.1, -0.3]])
-    cfg = config(policy_loss="gspo", clip_ratio_low=3e-4, clip_ratio_high=4e-4, loss_agg_mode="seq-mean-token-mean")
+    cfg = config(
+        policy_loss="gspo", clip_ratio_low=3e-4, clip_ratio_high=4e-4, loss_agg_mode="seq-mean-token-mean"
+    )
     loss, _ = policy_loss(config=cfg, **inputs)
-    expected, _ = gspo_loss(inputs["logprob"], inputs["old_logprob"], inputs["advantages"],
-                            inputs["response_mask"], 3e-4, 4e-4, "seq-mean-token-mean")
+    expected, _ = gspo_loss(
+        inputs["logprob"],
+        inputs["old_logprob"],
+        inputs["advantages"],
+        inputs["response_mask"],
+        3e-4,
+        4e-4,
+        "seq-mean-token-mean",
+    )
     assert loss.item() == expected.item()
 
 

@@ -1,4 +1,5 @@
 """PackedBatch (ragged and fixed fields) and the run copier behind packing and unpacking."""
+
 import numpy as np
 import pytest
 import torch
@@ -8,21 +9,34 @@ from distflow.batch.packed import copy_runs, row_index
 
 
 def _batch():
-    return PackedBatch.from_samples([7, 3, 5], [1, 0, 1], {
-        "input_ids": [torch.tensor([1, 2, 3]), torch.tensor([4]), torch.tensor([5, 6])],
-        "rewards": torch.tensor([0.5, -1.0, 2.0])})
+    return PackedBatch.from_samples(
+        [7, 3, 5],
+        [1, 0, 1],
+        {
+            "input_ids": [torch.tensor([1, 2, 3]), torch.tensor([4]), torch.tensor([5, 6])],
+            "rewards": torch.tensor([0.5, -1.0, 2.0]),
+        },
+    )
 
 
 def test_ragged_and_fixed_fields():
     b = _batch()
     assert b.lengths.tolist() == [3, 1, 2] and b.num_tokens == 6
-    assert b.schema() == {"input_ids": FieldSchema(torch.int64), "rewards": FieldSchema(torch.float32, (), False)}
+    assert b.schema() == {
+        "input_ids": FieldSchema(torch.int64),
+        "rewards": FieldSchema(torch.float32, (), False),
+    }
     assert b.sample(2)["input_ids"].tolist() == [5, 6] and float(b.sample(1)["rewards"]) == -1.0
     s = b.sorted_by_id()
     assert s.sample_ids.tolist() == [3, 5, 7]
-    assert s.fields["input_ids"].tolist() == [4, 5, 6, 1, 2, 3] and s.fields["rewards"].tolist() == [-1.0, 2.0, 0.5]
-    assert s.select([2, 0], ["input_ids"]).equals(PackedBatch.from_samples(
-        [7, 3], [1, 0], {"input_ids": [torch.tensor([1, 2, 3]), torch.tensor([4])]}))
+    assert s.fields["input_ids"].tolist() == [4, 5, 6, 1, 2, 3] and s.fields["rewards"].tolist() == [
+        -1.0,
+        2.0,
+        0.5,
+    ]
+    assert s.select([2, 0], ["input_ids"]).equals(
+        PackedBatch.from_samples([7, 3], [1, 0], {"input_ids": [torch.tensor([1, 2, 3]), torch.tensor([4])]})
+    )
     assert PackedBatch.concat([b.select([0]), b.select([1, 2])]).equals(b)
     assert not b.equals(s)
 
@@ -38,7 +52,7 @@ def test_row_index_and_both_copy_paths():
         order = rng.permutation(len(counts))
         dst = torch.full((int(counts.sum()),), -1)
         copy_runs(dst, dst_starts[order], src, src_starts[order], counts[order])
-        expected = torch.cat([src[s:s + n] for s, n in zip(src_starts, counts)]) if counts.sum() else dst
+        expected = torch.cat([src[s : s + n] for s, n in zip(src_starts, counts)]) if counts.sum() else dst
         assert torch.equal(dst, expected)
 
 
@@ -53,7 +67,9 @@ def test_bad_batches_are_refused():
 
 def test_infos_travel_with_their_samples():
     tokens = [torch.arange(n) for n in (2, 3, 4)]
-    batch = PackedBatch.from_samples([7, 5, 9], [1, 1, 2], {"input_ids": tokens}, infos={5: "b", 7: "a", 9: "c", 4: "x"})
+    batch = PackedBatch.from_samples(
+        [7, 5, 9], [1, 1, 2], {"input_ids": tokens}, infos={5: "b", 7: "a", 9: "c", 4: "x"}
+    )
     assert batch.infos == {7: "a", 5: "b", 9: "c"}  # only its own samples'
     assert batch.select([2, 0]).infos == {9: "c", 7: "a"} and batch.sorted_by_id().infos == batch.infos
     other = PackedBatch.from_samples([3], [0], {"input_ids": [torch.arange(1)]}, infos={3: "d"})

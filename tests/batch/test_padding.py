@@ -1,4 +1,5 @@
 """The padded [B, S] view of a PackedBatch (what the Megatron workers take) and the way back."""
+
 import pytest
 import torch
 
@@ -13,8 +14,11 @@ def _samples() -> PackedBatch:
     ids = [torch.randint(5, 50, (PROMPT + n,), generator=generator) for n in RESPONSES]
     masks = [torch.cat([torch.zeros(PROMPT), torch.ones(n)]) for n in RESPONSES]
     # Ids out of order: the padded rows come in sample-id order.
-    return PackedBatch.from_samples([12, 10, 13, 11], [7, 7, 9, 9], {
-        "input_ids": ids, "response_mask": masks, "rewards": torch.tensor([1.0, 2.0, 3.0, 4.0])})
+    return PackedBatch.from_samples(
+        [12, 10, 13, 11],
+        [7, 7, 9, 9],
+        {"input_ids": ids, "response_mask": masks, "rewards": torch.tensor([1.0, 2.0, 3.0, 4.0])},
+    )
 
 
 def test_to_padded_rows_in_sample_id_order():
@@ -24,8 +28,8 @@ def test_to_padded_rows_in_sample_id_order():
     assert padded["input_ids"].shape == (4, max(lengths))
     assert padded["attention_mask"].sum(1).tolist() == lengths
     assert padded["rewards"].tolist() == [2.0, 4.0, 1.0, 3.0]  # fixed fields stay [B]
-    assert padded["input_ids"][1, :lengths[1]].tolist() == samples.sample(3)["input_ids"].tolist()
-    assert int(padded["input_ids"][0, lengths[0]:].abs().sum()) == 0
+    assert padded["input_ids"][1, : lengths[1]].tolist() == samples.sample(3)["input_ids"].tolist()
+    assert int(padded["input_ids"][0, lengths[0] :].abs().sum()) == 0
 
 
 def test_from_padded_round_trips_token_level_fields():
@@ -41,8 +45,14 @@ def test_from_padded_round_trips_token_level_fields():
 
 def test_a_ragged_field_of_other_length_is_refused():
     samples = _samples()
-    bad = PackedBatch(samples.sample_ids, samples.groups, samples.lengths,
-                      {"input_ids": samples.fields["input_ids"], "other": torch.zeros(4)},
-                      {"input_ids": samples.row_counts["input_ids"], "other": torch.ones(4, dtype=torch.long)})
-    with pytest.raises(ValueError, match="ragged field 'other' does not have one row per token of 'input_ids'"):
+    bad = PackedBatch(
+        samples.sample_ids,
+        samples.groups,
+        samples.lengths,
+        {"input_ids": samples.fields["input_ids"], "other": torch.zeros(4)},
+        {"input_ids": samples.row_counts["input_ids"], "other": torch.ones(4, dtype=torch.long)},
+    )
+    with pytest.raises(
+        ValueError, match="ragged field 'other' does not have one row per token of 'input_ids'"
+    ):
         to_padded(bad)

@@ -7,6 +7,7 @@ function of (trainer.seed, step, sample) rather than of what the engine generate
 reference made from the warmed-up actor as well. The last checkpoint, exported by tools/convert_megatron_to_hf.py,
 is byte for byte the trainer's own final export (<output_dir>/hf).
 """
+
 import json
 import shutil
 import sys
@@ -21,8 +22,15 @@ TO_HF = REPO_ROOT / "tools" / "convert_megatron_to_hf.py"
 
 # Wall-clock metrics differ between any two runs; everything else must match.
 # Timing and scheduling outcomes (which engine generated which chunk) may differ between runs; samples may not.
-_TIMED = ("timing_s/", "perf/", "sync/seconds", "sync/gbps", "rollout/seconds", "rollout/stolen_groups",
-          "rollout/engine_tokens_max_over_mean")
+_TIMED = (
+    "timing_s/",
+    "perf/",
+    "sync/seconds",
+    "sync/gbps",
+    "rollout/seconds",
+    "rollout/stolen_groups",
+    "rollout/engine_tokens_max_over_mean",
+)
 TOL = 1e-6
 
 
@@ -33,28 +41,56 @@ def _records(path):
 @pytest.mark.slow
 def test_resume_gives_the_same_steps(tmp_path):
     model, data = copy_task(tmp_path, train=200)
-    common = ["examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", f"data.train_files=[{data}/train.parquet]",
-              f"data.val_files=[{data}/test.parquet]", "data.train_batch_size=4", "data.val_batch_size=8",
-              "rollout.n=4", "rollout.max_new_tokens=6", "trainer.total_steps=4", "trainer.val_every=2",
-              "trainer.sft_warmup_steps=2", "checkpoint.save_every=2", "checkpoint.export_hf=true",
-              # A KL term: the reference is the warmed-up actor's copy, which the checkpoint must carry too.
-              "algorithm.kl_coef=0.05", "ref.tp=2"]
+    common = [
+        "examples/configs/grpo_copy_cpu.yaml",
+        f"model.path={model}",
+        f"data.train_files=[{data}/train.parquet]",
+        f"data.val_files=[{data}/test.parquet]",
+        "data.train_batch_size=4",
+        "data.val_batch_size=8",
+        "rollout.n=4",
+        "rollout.max_new_tokens=6",
+        "trainer.total_steps=4",
+        "trainer.val_every=2",
+        "trainer.sft_warmup_steps=2",
+        "checkpoint.save_every=2",
+        "checkpoint.export_hf=true",
+        # A KL term: the reference is the warmed-up actor's copy, which the checkpoint must carry too.
+        "algorithm.kl_coef=0.05",
+        "ref.tp=2",
+    ]
     straight = tmp_path / "straight"
-    torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[*common, f"trainer.output_dir={straight}"])
+    torchrun(
+        "distflow.train",
+        nproc=2,
+        module=True,
+        timeout_s=900,
+        args=[*common, f"trainer.output_dir={straight}"],
+    )
     assert (straight / "checkpoints" / "latest").read_text().strip() == "step_4"
     assert sorted(p.name for p in (straight / "checkpoints").iterdir()) == ["latest", "step_2", "step_4"]
     # The last step's checkpoint exports to what the trainer itself exported at the end, byte for byte.
     exported = tmp_path / "exported"
     run([sys.executable, TO_HF, "--megatron", straight / "checkpoints", "--out", exported, "--no-progress"])
-    assert {p.name: p.read_bytes() for p in exported.iterdir()} == {p.name: p.read_bytes()
-                                                                     for p in (straight / "hf").iterdir()}
+    assert {p.name: p.read_bytes() for p in exported.iterdir()} == {
+        p.name: p.read_bytes() for p in (straight / "hf").iterdir()
+    }
 
     # The resumed run continues the straight run's metrics file (JSONL appended; its steps 3-4 dropped first).
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     shutil.copy(straight / "metrics.jsonl", resumed / "metrics.jsonl")
-    out = torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[
-        *common, f"trainer.output_dir={resumed}", f"checkpoint.resume={straight / 'checkpoints' / 'step_2'}"])
+    out = torchrun(
+        "distflow.train",
+        nproc=2,
+        module=True,
+        timeout_s=900,
+        args=[
+            *common,
+            f"trainer.output_dir={resumed}",
+            f"checkpoint.resume={straight / 'checkpoints' / 'step_2'}",
+        ],
+    )
     assert "resumed from" in out and "supervised warm-up" not in out, out[-3000:]
 
     a, b = _records(straight / "metrics.jsonl"), _records(resumed / "metrics.jsonl")
@@ -65,7 +101,15 @@ def test_resume_gives_the_same_steps(tmp_path):
         assert keys == {k for k in b[step] if k not in ("step", "time") and not k.startswith(_TIMED)}
         assert {"reward/mean", "actor/pg_loss", "actor/kl", "rollout/weight_version"} <= keys
         for k in sorted(keys):
-            assert abs(a[step][k] - b[step][k]) <= TOL * max(1.0, abs(a[step][k])), (step, k, a[step][k], b[step][k])
-    final_a, final_b = load_file(straight / "hf" / "model.safetensors"), load_file(resumed / "hf" / "model.safetensors")
+            assert abs(a[step][k] - b[step][k]) <= TOL * max(1.0, abs(a[step][k])), (
+                step,
+                k,
+                a[step][k],
+                b[step][k],
+            )
+    final_a, final_b = (
+        load_file(straight / "hf" / "model.safetensors"),
+        load_file(resumed / "hf" / "model.safetensors"),
+    )
     for name, tensor in final_a.items():
         assert (tensor - final_b[name]).abs().max() <= TOL, name

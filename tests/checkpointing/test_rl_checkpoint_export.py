@@ -7,6 +7,7 @@ that export; a checkpoint without its recorded HF source is refused naming --hf-
 A fresh actor with actor.load=step_2 holds the trained weights, a critic with critic.load=step_2/actor the
 actor's body and a fresh value head, and a model.path of another shape is refused naming the tensors.
 """
+
 import json
 import shutil
 import sys
@@ -37,7 +38,12 @@ def trained(tmp_path_factory):
     return model, other, run_dir
 
 
-EXPORTS = {"role": "step_2/actor", "step": "step_2", "latest": "latest", "root": "."}  # id: what --megatron names
+EXPORTS = {
+    "role": "step_2/actor",
+    "step": "step_2",
+    "latest": "latest",
+    "root": ".",
+}  # id: what --megatron names
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +57,14 @@ def exported(trained, tmp_path_factory) -> dict:
     shutil.copytree(run_dir / "checkpoints" / "step_2", old)
     (old / "actor" / SOURCE_FILE).unlink()
     shutil.rmtree(old / "actor" / HF_ASSETS_DIR)
-    runs = {given: (run_dir / "checkpoints" / path, root / given, "--verify") for given, path in EXPORTS.items()}
+    runs = {
+        given: (run_dir / "checkpoints" / path, root / given, "--verify") for given, path in EXPORTS.items()
+    }
     runs["refused"] = (old, root / "refused")
     runs["with_hf_config"] = (old, root / "with_hf_config", "--hf-config", model)
-    argv = [["--megatron", source, "--out", out, "--no-progress", *extra] for source, out, *extra in runs.values()]
+    argv = [
+        ["--megatron", source, "--out", out, "--no-progress", *extra] for source, out, *extra in runs.values()
+    ]
     (root / "runs.json").write_text(json.dumps([[str(a) for a in args] for args in argv]))
     run([sys.executable, EXPORT_RUNS_JOB, root / "results.json", root / "runs.json"], timeout_s=300)
     results = json.loads((root / "results.json").read_text())
@@ -87,7 +97,9 @@ def test_checkpoint_without_recorded_source_needs_hf_config(trained, exported):
     _, _, run_dir = trained
     refused, _ = exported["refused"]
     assert refused["returncode"] == 2
-    assert "before DistFlow recorded its HF source" in refused["stderr"] and "--hf-config" in refused["stderr"]
+    assert (
+        "before DistFlow recorded its HF source" in refused["stderr"] and "--hf-config" in refused["stderr"]
+    )
     assert refused["stderr"].count("\n") == 1, refused["stderr"]  # one line, no traceback
     ok, out = exported["with_hf_config"]
     assert ok["returncode"] == 0, ok["stderr"]
@@ -101,13 +113,19 @@ def test_resolve_names_what_a_folder_lacks(trained, tmp_path):
     with pytest.raises(CheckpointError, match="not a Megatron dist checkpoint"):
         resolve_model_folder(tmp_path, "actor")
     # a reference without its own folder starts from the actor's weights
-    assert resolve_model_folder(run_dir / "checkpoints", "ref") == run_dir / "checkpoints" / "step_2" / "actor"
+    assert (
+        resolve_model_folder(run_dir / "checkpoints", "ref") == run_dir / "checkpoints" / "step_2" / "actor"
+    )
 
 
 def test_roles_start_from_a_dist_checkpoint(trained):
     model, other, run_dir = trained
-    torchrun(JOB, nproc=2, timeout_s=300,
-             args=["--model", model, "--dir", run_dir, "--tp", 2, "--other-model", other, "load"])
+    torchrun(
+        JOB,
+        nproc=2,
+        timeout_s=300,
+        args=["--model", model, "--dir", run_dir, "--tp", 2, "--other-model", other, "load"],
+    )
     loaded = torch.load(run_dir / "load.pt", weights_only=False)
     trained_weights = torch.load(run_dir / "export.pt", weights_only=False)["weights"]
     assert loaded["loaded_from"] == str(run_dir / "checkpoints" / "step_2" / "actor")
@@ -120,10 +138,15 @@ def test_roles_start_from_a_dist_checkpoint(trained):
     critic = loaded["critic_weights"]
     assert "lm_head.weight" not in critic
     assert all(torch.equal(critic[n], trained_weights[n]) for n in critic), "critic body != the actor's"
-    assert "actor.load=" in loaded["mismatch"] and "was made from another model than model.path" in loaded["mismatch"]
+    assert (
+        "actor.load=" in loaded["mismatch"]
+        and "was made from another model than model.path" in loaded["mismatch"]
+    )
     assert "hidden_size=64 (model.path: 96)" in loaded["mismatch"], loaded["mismatch"]
     shapes = loaded["shape_mismatch"]  # no recorded config: the tensors' shapes are compared
-    assert "does not hold the model of model.path" in shapes and "embedding.word_embeddings.weight" in shapes, shapes
+    assert (
+        "does not hold the model of model.path" in shapes and "embedding.word_embeddings.weight" in shapes
+    ), shapes
 
 
 def _load_safetensors(model_dir: Path):

@@ -8,6 +8,7 @@
 - NaN loss or NaN gradients: the step is skipped (weights unchanged, reported as nan_loss/nan_grad/
   skipped_steps); three in a row stop the worker with a clear error, and a good step in between resets the count.
 """
+
 import json
 from pathlib import Path
 
@@ -31,7 +32,9 @@ def run_case(model, run_dir, case, tp=1, dist_opt=False):
     return torch.load(Path(run_dir) / f"{case}.pt", weights_only=False)
 
 
-@pytest.mark.parametrize("tp,dist_opt", [(2, False), (1, False), (1, True)], ids=["tp2", "dp2", "dp2_distopt"])
+@pytest.mark.parametrize(
+    "tp,dist_opt", [(2, False), (1, False), (1, True)], ids=["tp2", "dp2", "dp2_distopt"]
+)
 def test_resume_continues_exactly(model, tmp_path, tp, dist_opt):
     straight = run_case(model, tmp_path, "straight", tp, dist_opt)
     root = tmp_path / "checkpoints"
@@ -40,7 +43,12 @@ def test_resume_continues_exactly(model, tmp_path, tp, dist_opt):
     meta = json.loads((root / "step_2" / "meta.json").read_text())
     assert meta["step"] == 2 and meta["run_id"] == "run0" and meta["world_size"] == 2
     assert meta["roles"]["actor"]["layout"]["tp"] == tp
-    assert sorted(p.name for p in (root / "step_2").iterdir()) == ["actor", "meta.json", "rank_0.pt", "rank_1.pt"]
+    assert sorted(p.name for p in (root / "step_2").iterdir()) == [
+        "actor",
+        "meta.json",
+        "rank_0.pt",
+        "rank_1.pt",
+    ]
 
     resumed = run_case(model, tmp_path, "resumed", tp, dist_opt)
     assert resumed["start"] == 2 and resumed["loader"] == 2  # the position saved after step 2
@@ -76,7 +84,9 @@ def test_nan_loss_skips_the_step_then_stops(model, tmp_path):
     assert [m["skipped_steps"] for m in r["bad"]] == [1.0, 1.0]
     assert r["good"][0]["nan_loss"] == 0.0 and r["good"][0]["skipped_steps"] == 0.0
     # NaN gradients under a finite loss are skipped too (an fp32 optimizer has no loss scaler to catch them).
-    assert [(m["nan_loss"], m["nan_grad"], m["skipped_steps"]) for m in r["bad_again"]] == [(0.0, 1.0, 1.0)] * 2
+    assert [(m["nan_loss"], m["nan_grad"], m["skipped_steps"]) for m in r["bad_again"]] == [
+        (0.0, 1.0, 1.0)
+    ] * 2
     for name, tensor in r["after_good"].items():
         assert torch.equal(tensor, r["after_bad_again"][name]), name
     assert r["good"][0]["nan_grad"] == 0.0

@@ -1,4 +1,5 @@
 """Config loading: YAML + overrides, typed fields, errors that name the key and the closest valid one."""
+
 import dataclasses
 import subprocess
 import sys
@@ -44,28 +45,34 @@ def test_unknown_section_names_the_closest_section(tmp_path):
         load_config(write(tmp_path, "rollot:\n  n: 4\n"))
 
 
-@pytest.mark.parametrize("override, message", [
-    ("actor.tp=two", r"actor\.tp must be int, got 'two'"),
-    ("actor.tp=true", r"actor\.tp must be int, got True"),
-    ("rollout.placement=colo", r"rollout\.placement='colo' is not one of .*did you mean 'colocated'"),
-    ("data.train_files={a: 1}", r"data\.train_files must be a list"),
-    ("rollout.stop_token_ids=[1,x]", r"rollout\.stop_token_ids\[1\] must be int"),
-    ("actor=3", r"actor must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("actor.tp=two", r"actor\.tp must be int, got 'two'"),
+        ("actor.tp=true", r"actor\.tp must be int, got True"),
+        ("rollout.placement=colo", r"rollout\.placement='colo' is not one of .*did you mean 'colocated'"),
+        ("data.train_files={a: 1}", r"data\.train_files must be a list"),
+        ("rollout.stop_token_ids=[1,x]", r"rollout\.stop_token_ids\[1\] must be int"),
+        ("actor=3", r"actor must be a mapping"),
+    ],
+)
 def test_wrong_type_names_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, [override])
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["actor.sequence_parallel=true"], r"actor\.sequence_parallel=true needs actor\.tp > 1"),
-    (["rollout.placement=disaggregated"], r"needs rollout\.num_ranks >= 1"),
-    (["rollout.num_ranks=2"], r"only applies to placement=disaggregated"),
-    (["algorithm.adv_estimator=gae"], r"set critic\.enable=true"),
-    (["tracking.backends=[console,mlflow]"], r"tracking\.backends\[1\]='mlflow'"),
-    (["actor.tp=0"], r"actor\.tp=0 must be >= 1"),
-    (["sync.bucket_mb=0.0001"], r"sync\.bucket_mb=0\.0001 must be at least 1 KiB"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["actor.sequence_parallel=true"], r"actor\.sequence_parallel=true needs actor\.tp > 1"),
+        (["rollout.placement=disaggregated"], r"needs rollout\.num_ranks >= 1"),
+        (["rollout.num_ranks=2"], r"only applies to placement=disaggregated"),
+        (["algorithm.adv_estimator=gae"], r"set critic\.enable=true"),
+        (["tracking.backends=[console,mlflow]"], r"tracking\.backends\[1\]='mlflow'"),
+        (["actor.tp=0"], r"actor\.tp=0 must be >= 1"),
+        (["sync.bucket_mb=0.0001"], r"sync\.bucket_mb=0\.0001 must be at least 1 KiB"),
+    ],
+)
 def test_cross_field_checks(overrides, message):
     with pytest.raises(ConfigError, match=message):
         resolve(None, overrides)
@@ -74,7 +81,9 @@ def test_cross_field_checks(overrides, message):
 def test_megatron_passthrough_is_checked_against_transformer_config():
     cfg = resolve(None, ["actor.megatron.attention_softmax_in_fp32=true"])
     assert cfg.actor.megatron == {"attention_softmax_in_fp32": True}
-    with pytest.raises(ConfigError, match=r"actor\.megatron\.num_layerz.*did you mean actor\.megatron\.num_layers"):
+    with pytest.raises(
+        ConfigError, match=r"actor\.megatron\.num_layerz.*did you mean actor\.megatron\.num_layers"
+    ):
         resolve(None, ["actor.megatron.num_layerz=2"])
     with pytest.raises(ConfigError, match=r"set by DistFlow from actor\.tp"):
         resolve(None, ["actor.megatron.tensor_model_parallel_size=2"])
@@ -97,8 +106,11 @@ def test_every_field_is_documented():
     def walk(cls, prefix=""):
         for f in dataclasses.fields(cls):
             assert f.metadata.get("help"), f"{prefix}{f.name} has no documentation"
-            if dataclasses.is_dataclass(f.type) or (isinstance(f.type, type) and dataclasses.is_dataclass(f.type)):
+            if dataclasses.is_dataclass(f.type) or (
+                isinstance(f.type, type) and dataclasses.is_dataclass(f.type)
+            ):
                 walk(f.type, f"{prefix}{f.name}.")
+
     walk(Schema)
 
 
@@ -113,12 +125,20 @@ def test_bad_override_syntax_and_missing_file(tmp_path):
 
 def test_show_cli_prints_resolved_config_and_rejects_typos(tmp_path):
     path = write(tmp_path, "actor:\n  tp: 2\n")
-    out = subprocess.run([sys.executable, "-m", "distflow.config", "show", "--config-only", str(path), "rollout.n=3"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "distflow.config", "show", "--config-only", str(path), "rollout.n=3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "tp: 2" in out.stdout and "n: 3" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "distflow.config", "show", "actor.tpp=2"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "distflow.config", "show", "actor.tpp=2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "did you mean actor.tp?" in bad.stderr
 
 

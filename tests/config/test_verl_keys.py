@@ -1,5 +1,6 @@
 """The verl -> DistFlow key map: every target is a real DistFlow key, the doc is the table, and the CLI
 prints it."""
+
 import dataclasses
 import subprocess
 import sys
@@ -40,13 +41,20 @@ def test_common_verl_keys_are_mapped():
 
 def test_doc_matches_the_table():
     doc = (REPO_ROOT / "docs" / "verl_key_map.md").read_text()
-    assert doc == render_markdown(), ("docs/verl_key_map.md is stale: regenerate it with "
-                                      "python -m distflow.config verl-keys --markdown > docs/verl_key_map.md")
+    assert doc == render_markdown(), (
+        "docs/verl_key_map.md is stale: regenerate it with "
+        "python -m distflow.config verl-keys --markdown > docs/verl_key_map.md"
+    )
 
 
 def test_cli_prints_the_table():
-    out = subprocess.run([sys.executable, "-m", "distflow.config", "verl-keys"], cwd=REPO_ROOT, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "distflow.config", "verl-keys"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if x.startswith("data.max_response_length "))
     assert line.split()[1] == "rollout.max_new_tokens"
@@ -54,7 +62,12 @@ def test_cli_prints_the_table():
 
 
 def test_docs_command_lists_the_choices_of_choice_fields():
-    out = subprocess.run([sys.executable, "-m", "distflow.config", "docs"], cwd=REPO_ROOT, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "distflow.config", "docs"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "trainer.device (one of: auto, cpu, cuda," in out.stdout
     assert "actor.recompute_granularity (one of: full, selective, or null," in out.stdout

@@ -1,5 +1,6 @@
 """Token balancing: largest differencing against hand-worked cases, brute-force optima and the lower bound
 max(mean, largest item); locality-aware assignment; micro-batches."""
+
 import itertools
 
 import numpy as np
@@ -8,8 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distflow.coordination.data.balance import (
-    balanced_assignment, balanced_partition, equal_count_assignment, imbalance, largest_differencing, loads_of,
-    micro_batches)
+    balanced_assignment,
+    balanced_partition,
+    equal_count_assignment,
+    imbalance,
+    largest_differencing,
+    loads_of,
+    micro_batches,
+)
 
 
 def test_largest_differencing_by_hand():
@@ -28,7 +35,9 @@ def test_pinned_loads_keep_their_labels():
 
 
 def _optimum(weights, k):
-    return min(max(loads_of(weights, labels, k)) for labels in itertools.product(range(k), repeat=len(weights)))
+    return min(
+        max(loads_of(weights, labels, k)) for labels in itertools.product(range(k), repeat=len(weights))
+    )
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,7 +1,8 @@
 """The metadata encoding that the data coordinator's all-gather carries, and the placed layouts it plans over."""
-import numpy as np
 
+import numpy as np
 from data_cases import synthetic_batches
+
 from distflow.coordination.data import PlacedLayout
 from distflow.coordination.data.gather import decode_metadata, encode_metadata, table_from_payloads
 from distflow.coordination.data.plan import SampleTable

@@ -1,21 +1,33 @@
 """Data plan properties over many layout pairs and batches: every sample reaches exactly the ranks that
 need it, once, with only the fields their pipeline stage uses; groups stay whole; local copies never
 move; and the plan, run through the real pack/unpack code in one process, gives each rank its exact view."""
-import pytest
+
 import numpy as np
+import pytest
 import torch
+from data_cases import FIELDS, expected_view, simulate, synthetic_batches
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from data_cases import FIELDS, expected_view, simulate, synthetic_batches
 from distflow.coordination.data import (
-    DataPlanError, FieldPlacement, FieldSchema, PlacedLayout, SampleTable, is_identity, plan_redistribution)
+    DataPlanError,
+    FieldPlacement,
+    FieldSchema,
+    PlacedLayout,
+    SampleTable,
+    is_identity,
+    plan_redistribution,
+)
 from distflow.layout import ParallelLayout, Placement
 
-SCHEMA = {"input_ids": FieldSchema(torch.int64), "old_logprobs": FieldSchema(torch.float32),
-          "advantages": FieldSchema(torch.bfloat16), "attention_mask": FieldSchema(torch.bool),
-          "rewards": FieldSchema(torch.float32, (), ragged=False),
-          "scores": FieldSchema(torch.float64, (3,), ragged=False)}
+SCHEMA = {
+    "input_ids": FieldSchema(torch.int64),
+    "old_logprobs": FieldSchema(torch.float32),
+    "advantages": FieldSchema(torch.bfloat16),
+    "attention_mask": FieldSchema(torch.bool),
+    "rewards": FieldSchema(torch.float32, (), ragged=False),
+    "scores": FieldSchema(torch.float64, (3,), ragged=False),
+}
 
 
 @st.composite
@@ -46,15 +58,25 @@ def cases(draw):
     num_groups = draw(st.integers(0, 14))
     group_size = draw(st.integers(1, 4))
     holders = [draw(st.sampled_from(producer.holders)) for _ in range(num_groups)]
-    lengths = draw(st.lists(st.integers(0, 400), min_size=num_groups * group_size,
-                            max_size=num_groups * group_size))
+    lengths = draw(
+        st.lists(st.integers(0, 400), min_size=num_groups * group_size, max_size=num_groups * group_size)
+    )
     n = num_groups * group_size
     ids = np.array(draw(st.permutations(range(n))), dtype=np.int64) * 7 + 3
     lengths = np.array(lengths, dtype=np.int64)
-    table = SampleTable(ids, np.repeat(np.arange(num_groups) * 11, group_size), lengths,
-                        np.repeat(np.array(holders, dtype=np.int64), group_size),
-                        {"input_ids": lengths, "old_logprobs": lengths, "advantages": lengths // 2 + 1,
-                         "attention_mask": lengths}, {h: SCHEMA for h in set(holders)})
+    table = SampleTable(
+        ids,
+        np.repeat(np.arange(num_groups) * 11, group_size),
+        lengths,
+        np.repeat(np.array(holders, dtype=np.int64), group_size),
+        {
+            "input_ids": lengths,
+            "old_logprobs": lengths,
+            "advantages": lengths // 2 + 1,
+            "attention_mask": lengths,
+        },
+        {h: SCHEMA for h in set(holders)},
+    )
     rules = {name: draw(st.sampled_from(["first", "last", "all"])) for name in SCHEMA}
     return producer, consumer, table, FieldPlacement(rules), draw(st.booleans()), draw(st.booleans())
 
@@ -62,7 +84,9 @@ def cases(draw):
 def _assert_plan_is_exact(producer, consumer, table, fields, keep_groups, plan, equal_rows=False):
     order = np.argsort(table.sample_ids)
     t = plan.table
-    assert np.array_equal(t.sample_ids, table.sample_ids[order]) and np.array_equal(t.holders, table.holders[order])
+    assert np.array_equal(t.sample_ids, table.sample_ids[order]) and np.array_equal(
+        t.holders, table.holders[order]
+    )
     dp = consumer.layout.dp
     # Every sample goes to exactly one consumer DP group; groups whole.
     assert plan.assignment.shape == (len(t),) and ((plan.assignment >= 0) & (plan.assignment < dp)).all()
@@ -79,7 +103,9 @@ def _assert_plan_is_exact(producer, consumer, table, fields, keep_groups, plan, 
                 key = (tr.dst, p, name)
                 assert key not in delivered, f"{key} delivered twice"
                 delivered[key] = tr.src
-        assert tr.nbytes == sum(int(plan.field_rows(n, tr.positions).sum()) * SCHEMA[n].row_bytes for n in tr.fields)
+        assert tr.nbytes == sum(
+            int(plan.field_rows(n, tr.positions).sum()) * SCHEMA[n].row_bytes for n in tr.fields
+        )
     for rank in set(consumer.ranks) | set(producer.ranks):
         c = consumer.coords(rank)
         mine = plan.consumer_positions(rank)
@@ -104,7 +130,10 @@ def _assert_plan_is_exact(producer, consumer, table, fields, keep_groups, plan, 
         assert len(set(np.bincount(plan.assignment, minlength=dp).tolist())) == 1
     if len(t):
         # Equal counts leave swaps only: a looser bound (two items above the mean).
-        assert loads.max() <= max(loads.mean() * 1.01, loads.mean() + (2 if equal_rows else 1) * max(items)) + 1e-9
+        assert (
+            loads.max()
+            <= max(loads.mean() * 1.01, loads.mean() + (2 if equal_rows else 1) * max(items)) + 1e-9
+        )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -118,22 +147,26 @@ def test_every_sample_reaches_exactly_the_ranks_that_need_it(case):
         moves = len(set(rows.tolist())) > 1
     if equal_rows and moves and units % consumer.layout.dp:
         with pytest.raises(DataPlanError, match="do not split equally"):
-            plan_redistribution(producer, consumer, table, fields, keep_groups=keep_groups, node="train",
-                                equal_rows=True)
+            plan_redistribution(
+                producer, consumer, table, fields, keep_groups=keep_groups, node="train", equal_rows=True
+            )
         return
-    plan = plan_redistribution(producer, consumer, table, fields, keep_groups=keep_groups, node="train",
-                               equal_rows=equal_rows)
+    plan = plan_redistribution(
+        producer, consumer, table, fields, keep_groups=keep_groups, node="train", equal_rows=equal_rows
+    )
     if not moves:
         assert plan.identity and plan.moved_bytes == 0 and not plan.transfers
         return
     _assert_plan_is_exact(producer, consumer, table, fields, keep_groups, plan, equal_rows)
     # Pure: the same metadata in any order gives the same plan.
     shuffled = table.take(np.random.default_rng(len(table)).permutation(len(table)))
-    again = plan_redistribution(producer, consumer, shuffled, fields, keep_groups=keep_groups, node="train",
-                                equal_rows=equal_rows)
+    again = plan_redistribution(
+        producer, consumer, shuffled, fields, keep_groups=keep_groups, node="train", equal_rows=equal_rows
+    )
     assert np.array_equal(again.assignment, plan.assignment)
-    assert [(t.src, t.dst, t.positions.tolist(), t.nbytes) for t in again.transfers] == \
-           [(t.src, t.dst, t.positions.tolist(), t.nbytes) for t in plan.transfers]
+    assert [(t.src, t.dst, t.positions.tolist(), t.nbytes) for t in again.transfers] == [
+        (t.src, t.dst, t.positions.tolist(), t.nbytes) for t in plan.transfers
+    ]
 
 
 @settings(max_examples=40, deadline=None)
@@ -141,8 +174,13 @@ def test_every_sample_reaches_exactly_the_ranks_that_need_it(case):
 def test_packed_transfers_give_each_rank_its_exact_view(world, data):
     producer = data.draw(placed_layouts(world))
     consumer = data.draw(placed_layouts(world))
-    batches = synthetic_batches(producer, data.draw(st.integers(0, 12)), data.draw(st.integers(1, 4)),
-                                seed=data.draw(st.integers(0, 99)), empty_holders=producer.holders[:1])
+    batches = synthetic_batches(
+        producer,
+        data.draw(st.integers(0, 12)),
+        data.draw(st.integers(1, 4)),
+        seed=data.draw(st.integers(0, 99)),
+        empty_holders=producer.holders[:1],
+    )
     plan = plan_redistribution(producer, consumer, SampleTable.from_batches(batches), FIELDS, node="train")
     if plan.identity:
         return
@@ -153,12 +191,19 @@ def test_packed_transfers_give_each_rank_its_exact_view(world, data):
 
 # --- local cache -----------------------------------------------------------------------------------------
 
+
 def _even_table(producer, per_holder=8, length=100):
     batches = {h: None for h in producer.holders}
     n = per_holder * len(producer.holders)
     lengths = np.full(n, length)
-    return SampleTable(np.arange(n), np.arange(n), lengths, np.repeat(np.array(producer.holders), per_holder),
-                       {"input_ids": lengths}, {h: {"input_ids": SCHEMA["input_ids"]} for h in batches})
+    return SampleTable(
+        np.arange(n),
+        np.arange(n),
+        lengths,
+        np.repeat(np.array(producer.holders), per_holder),
+        {"input_ids": lengths},
+        {h: {"input_ids": SCHEMA["input_ids"]} for h in batches},
+    )
 
 
 def test_same_layout_moves_nothing_and_gathers_nothing():
@@ -168,7 +213,9 @@ def test_same_layout_moves_nothing_and_gathers_nothing():
     assert plan.identity and plan.moved_bytes == 0 and not plan.transfers
     # One engine per rank and DP = world: the engines' ranks are the training ranks, nothing to move.
     rollout = PlacedLayout.rollout(Placement.create("colocated", 4, 1))
-    assert is_identity(rollout, PlacedLayout.training(ParallelLayout(dp=4), Placement.create("colocated", 4, 1)))
+    assert is_identity(
+        rollout, PlacedLayout.training(ParallelLayout(dp=4), Placement.create("colocated", 4, 1))
+    )
 
 
 def test_holders_keep_their_samples_when_balanced():
@@ -178,7 +225,9 @@ def test_holders_keep_their_samples_when_balanced():
     rollout = PlacedLayout.rollout(placement)
     train = PlacedLayout.training(ParallelLayout(tp=2, dp=2), placement)
     table = _even_table(rollout)
-    plan = plan_redistribution(rollout, train, table, FieldPlacement.standard("input_ids"), node="train_actor")
+    plan = plan_redistribution(
+        rollout, train, table, FieldPlacement.standard("input_ids"), node="train_actor"
+    )
     home = np.array([train.dp_of(h) for h in plan.table.holders])
     assert np.array_equal(plan.assignment, home)
     assert plan.moved_bytes == len(table) * 100 * 8
@@ -191,9 +240,14 @@ def test_engine_tp_holders_keep_and_peers_receive():
     """Engines of TP=2 (owner holds) -> training TP=2 on the same ranks: not a no-op (the engine's second
     rank has nothing), but only the owner -> peer copy moves."""
     placement = Placement.create("colocated", 4, 2)
-    rollout, train = PlacedLayout.rollout(placement), PlacedLayout.training(ParallelLayout(tp=2, dp=2), placement)
+    rollout, train = (
+        PlacedLayout.rollout(placement),
+        PlacedLayout.training(ParallelLayout(tp=2, dp=2), placement),
+    )
     assert not is_identity(rollout, train)
-    plan = plan_redistribution(rollout, train, _even_table(rollout), FieldPlacement.standard("input_ids"), node="t")
+    plan = plan_redistribution(
+        rollout, train, _even_table(rollout), FieldPlacement.standard("input_ids"), node="t"
+    )
     assert [(t.src, t.dst) for t in plan.transfers] == [(0, 1), (2, 3)]
     assert plan.bytes_sent(0) == 8 * 100 * 8 and plan.bytes_received(0) == 0
 
@@ -202,12 +256,23 @@ def test_locality_moves_little_when_rebalancing_a_long_tail():
     """Bench-like batch (512 prompts x 8, long-tailed): balanced to 1% while moving a few % of tokens."""
     rng = np.random.default_rng(3)
     placement = Placement.create("colocated", 8, 1)
-    rollout, train = PlacedLayout.rollout(placement), PlacedLayout.training(ParallelLayout(tp=2, dp=4), placement)
+    rollout, train = (
+        PlacedLayout.rollout(placement),
+        PlacedLayout.training(ParallelLayout(tp=2, dp=4), placement),
+    )
     n = 512 * 8
     lengths = np.clip(rng.lognormal(6.3, 1.0, n), 64, 4096).astype(np.int64)
-    table = SampleTable(np.arange(n), np.repeat(np.arange(512), 8), lengths, np.repeat(np.arange(8), 512),
-                        {"input_ids": lengths}, {h: {"input_ids": SCHEMA["input_ids"]} for h in range(8)})
-    plan = plan_redistribution(rollout, train, table, FieldPlacement.standard("input_ids"), node="train_actor")
+    table = SampleTable(
+        np.arange(n),
+        np.repeat(np.arange(512), 8),
+        lengths,
+        np.repeat(np.arange(8), 512),
+        {"input_ids": lengths},
+        {h: {"input_ids": SCHEMA["input_ids"]} for h in range(8)},
+    )
+    plan = plan_redistribution(
+        rollout, train, table, FieldPlacement.standard("input_ids"), node="train_actor"
+    )
     assert plan.imbalance() <= 1.01
     away = plan.assignment != np.array([train.dp_of(h) for h in plan.table.holders])
     assert lengths[np.argsort(np.arange(n))][away].sum() / lengths.sum() < 0.10
@@ -217,7 +282,10 @@ def test_locality_moves_little_when_rebalancing_a_long_tail():
 
 def test_micro_batches_agree_across_dp_ranks():
     placement = Placement.create("colocated", 4, 1)
-    rollout, train = PlacedLayout.rollout(placement), PlacedLayout.training(ParallelLayout(tp=2, dp=2), placement)
+    rollout, train = (
+        PlacedLayout.rollout(placement),
+        PlacedLayout.training(ParallelLayout(tp=2, dp=2), placement),
+    )
     batches = synthetic_batches(rollout, 30, 4, seed=5)
     plan = plan_redistribution(rollout, train, SampleTable.from_batches(batches), FIELDS, node="train")
     per_rank = {r: plan.micro_batches(r, max_tokens=1500) for r in range(4)}

@@ -1,5 +1,6 @@
 """The built-in pipelines (distflow.dag.builtin): each one's exact nodes in order, with their roles, for the
 settings that change its graph, and each one's own check of the settings it cannot run."""
+
 import subprocess
 import sys
 import time
@@ -14,16 +15,37 @@ from distflow.nodes import advantage, dynamic_sampling, reward
 REF = ["algorithm.kl_coef=0.01"]  # ref.enable is on by default: a KL term builds the reference
 RM = ["reward.model_path=/models/rm"]  # the graph only: no file is read
 
-GRPO = [("generate", "rollout"), ("reward", "reward"), ("old_logprob", "actor"), ("advantage", "all"),
-        ("train_actor", "actor"), ("sync_weights", "all")]
+GRPO = [
+    ("generate", "rollout"),
+    ("reward", "reward"),
+    ("old_logprob", "actor"),
+    ("advantage", "all"),
+    ("train_actor", "actor"),
+    ("sync_weights", "all"),
+]
 GRPO_REF = GRPO[:3] + [("ref_logprob", "ref")] + GRPO[3:]
 GRPO_RM = [("generate", "rollout"), ("reward", "reward_model")] + GRPO[2:]
 TOKEN_LEVEL_REF = GRPO[:3] + [("ref_logprob", "ref"), ("advantage", "actor")] + GRPO[4:]
-PPO = [("generate", "rollout"), ("reward", "reward"), ("old_logprob", "actor"), ("values", "critic"),
-       ("advantage", "actor"), ("train_critic", "critic"), ("train_actor", "actor"), ("sync_weights", "all")]
+PPO = [
+    ("generate", "rollout"),
+    ("reward", "reward"),
+    ("old_logprob", "actor"),
+    ("values", "critic"),
+    ("advantage", "actor"),
+    ("train_critic", "critic"),
+    ("train_actor", "actor"),
+    ("sync_weights", "all"),
+]
 PPO_REF = PPO[:3] + [("ref_logprob", "ref")] + PPO[3:]
-DAPO = [("generate", "rollout"), ("reward", "reward"), ("dynamic_sampling", "all"), ("old_logprob", "actor"),
-        ("advantage", "all"), ("train_actor", "actor"), ("sync_weights", "all")]
+DAPO = [
+    ("generate", "rollout"),
+    ("reward", "reward"),
+    ("dynamic_sampling", "all"),
+    ("old_logprob", "actor"),
+    ("advantage", "all"),
+    ("train_actor", "actor"),
+    ("sync_weights", "all"),
+]
 DAPO_REF = DAPO[:4] + [("ref_logprob", "ref")] + DAPO[4:]
 
 CASES = [
@@ -32,14 +54,29 @@ CASES = [
     ("grpo", RM, GRPO_RM),
     ("grpo", ["algorithm.adv_estimator=reinforce_pp", *REF], TOKEN_LEVEL_REF),
     ("rloo", ["algorithm.adv_estimator=rloo"], GRPO),
-    ("rloo", ["algorithm.adv_estimator=rloo", *REF, *RM], GRPO_RM[:3] + [("ref_logprob", "ref")] + GRPO_RM[3:]),
-    ("reinforce_pp", ["algorithm.adv_estimator=reinforce_pp"], GRPO[:3] + [("advantage", "actor")] + GRPO[4:]),
-    ("reinforce_pp", ["algorithm.adv_estimator=reinforce_pp", *REF, "algorithm.kl_in_reward=true"], TOKEN_LEVEL_REF),
+    (
+        "rloo",
+        ["algorithm.adv_estimator=rloo", *REF, *RM],
+        GRPO_RM[:3] + [("ref_logprob", "ref")] + GRPO_RM[3:],
+    ),
+    (
+        "reinforce_pp",
+        ["algorithm.adv_estimator=reinforce_pp"],
+        GRPO[:3] + [("advantage", "actor")] + GRPO[4:],
+    ),
+    (
+        "reinforce_pp",
+        ["algorithm.adv_estimator=reinforce_pp", *REF, "algorithm.kl_in_reward=true"],
+        TOKEN_LEVEL_REF,
+    ),
     ("reinforce_pp", ["algorithm.adv_estimator=reinforce_pp_baseline"], GRPO),
     ("ppo", ["critic.enable=true", "algorithm.adv_estimator=gae"], PPO),
     ("ppo", ["critic.enable=true", "algorithm.adv_estimator=gae", *REF], PPO_REF),
-    ("ppo", ["critic.enable=true", "algorithm.adv_estimator=gae", *RM],
-     PPO[:1] + [("reward", "reward_model")] + PPO[2:]),
+    (
+        "ppo",
+        ["critic.enable=true", "algorithm.adv_estimator=gae", *RM],
+        PPO[:1] + [("reward", "reward_model")] + PPO[2:],
+    ),
     ("dapo", ["algorithm.dynamic_sampling=true"], DAPO),
     ("dapo", ["algorithm.dynamic_sampling=true", *REF], DAPO_REF),
 ]
@@ -70,7 +107,10 @@ def test_nodes_are_direct_functions():
 def test_model_rewards_put_the_outcome_advantage_where_they_are():
     p = load_pipeline(resolve(None, RM))
     assert p.node("reward").keep_groups
-    assert p.node("advantage").inputs == ("rewards", "samples")  # a role-"all" node runs where its first input is
+    assert p.node("advantage").inputs == (
+        "rewards",
+        "samples",
+    )  # a role-"all" node runs where its first input is
     assert load_pipeline(resolve(None, [])).node("advantage").inputs == ("samples", "rewards")
 
 
@@ -79,16 +119,34 @@ def test_every_builtin_has_a_check_and_is_runnable():
     assert RUNNABLE == ("smoke", "grpo", "rloo", "ppo", "reinforce_pp", "dapo")
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["dag.pipeline=dapo", *RM], r"reward.model_path with dag.pipeline=dapo"),
-    (["dag.pipeline=dapo", "algorithm.adv_estimator=reinforce_pp"],
-     r"dag.pipeline=dapo runs algorithm.adv_estimator in \['grpo', 'rloo', 'reinforce_pp_baseline'\]"),
-    (["dag.pipeline=reinforce_pp"], r"dag.pipeline=reinforce_pp runs algorithm.adv_estimator in "
-                                    r"\['reinforce_pp', 'reinforce_pp_baseline'\], got 'grpo'"),
-    (["dag.pipeline=grpo", "algorithm.dynamic_sampling=true"], r"dynamic_sampling=true needs dag.pipeline=dapo"),
-    (["dag.pipeline=ppo", "critic.enable=true", "algorithm.adv_estimator=gae", "algorithm.overlong_buffer_len=4"],
-     r"overlong_buffer_len=4 \(overlong reward shaping\) needs dag.pipeline=dapo \(got ppo\)"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["dag.pipeline=dapo", *RM], r"reward.model_path with dag.pipeline=dapo"),
+        (
+            ["dag.pipeline=dapo", "algorithm.adv_estimator=reinforce_pp"],
+            r"dag.pipeline=dapo runs algorithm.adv_estimator in \['grpo', 'rloo', 'reinforce_pp_baseline'\]",
+        ),
+        (
+            ["dag.pipeline=reinforce_pp"],
+            r"dag.pipeline=reinforce_pp runs algorithm.adv_estimator in "
+            r"\['reinforce_pp', 'reinforce_pp_baseline'\], got 'grpo'",
+        ),
+        (
+            ["dag.pipeline=grpo", "algorithm.dynamic_sampling=true"],
+            r"dynamic_sampling=true needs dag.pipeline=dapo",
+        ),
+        (
+            [
+                "dag.pipeline=ppo",
+                "critic.enable=true",
+                "algorithm.adv_estimator=gae",
+                "algorithm.overlong_buffer_len=4",
+            ],
+            r"overlong_buffer_len=4 \(overlong reward shaping\) needs dag.pipeline=dapo \(got ppo\)",
+        ),
+    ],
+)
 def test_a_pipeline_refuses_what_it_cannot_run_before_it_is_built(overrides, message):
     cfg = resolve(None, overrides)
     with pytest.raises(ConfigError, match=message):
@@ -100,8 +158,12 @@ def test_a_pipeline_refuses_what_it_cannot_run_before_it_is_built(overrides, mes
 def test_dag_show_refuses_a_bad_combination_in_seconds_without_a_process_group():
     """No torchrun, no process group: the CLI answers from the config alone (with torch's import inside)."""
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "distflow.dag", "show", "dag.pipeline=dapo", *RM],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "distflow.dag", "show", "dag.pipeline=dapo", *RM],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stdout
     assert "reward.model_path with dag.pipeline=dapo" in out.stderr
     assert time.perf_counter() - start < 60

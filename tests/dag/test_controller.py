@@ -1,5 +1,6 @@
 """The per-rank controller under torchrun: nodes run on every rank without a driver; a node failing on
 one rank stops all ranks promptly with that rank's error."""
+
 import json
 import time
 from pathlib import Path

@@ -1,5 +1,6 @@
 """Controller hooks used by DAPO, in one process: a node reading renamed data (arg_names) and a node ending
 the step early (SkipStep)."""
+
 import pytest
 
 from distflow.config import resolve
@@ -27,22 +28,31 @@ def never(ctx, inputs):
 
 
 def test_a_node_reads_renamed_data_under_its_own_key():
-    p = (Pipeline("t").add("produce", "all", produce, ["prompts"], ["kept"])
-         .add("consume", "all", consume, ["kept"], ["out"], arg_names={"kept": "samples"}))
+    p = (
+        Pipeline("t")
+        .add("produce", "all", produce, ["prompts"], ["kept"])
+        .add("consume", "all", consume, ["kept"], ["out"], arg_names={"kept": "samples"})
+    )
     result = RankController(p, None, 0, {"all": (0,)}).run_step({"prompts": 1})
     assert result.outputs["out"] == 20 and result.skipped_at is None
 
 
 def test_renaming_a_data_name_that_is_not_an_input_is_an_error():
     p = Pipeline("t").add("consume", "all", consume, ["prompts"], ["out"], arg_names={"kept": "samples"})
-    with pytest.raises(PipelineError, match=r"node 'consume': arg_names renames 'kept', which is not one of its"):
+    with pytest.raises(
+        PipelineError, match=r"node 'consume': arg_names renames 'kept', which is not one of its"
+    ):
         p.validate()
 
 
 def test_skip_step_ends_the_step_without_running_later_nodes():
     log = []
-    p = (Pipeline("t").add("produce", "all", produce, ["prompts"], ["kept"])
-         .add("skip", "all", skip, ["kept"], ["nothing"]).add("never", "all", never, ["nothing"], ["out"]))
+    p = (
+        Pipeline("t")
+        .add("produce", "all", produce, ["prompts"], ["kept"])
+        .add("skip", "all", skip, ["kept"], ["nothing"])
+        .add("never", "all", never, ["nothing"], ["out"])
+    )
     result = RankController(p, log, 0, {"all": (0,)}).run_step({"prompts": 1})
     assert log == ["skip ran"] and result.skipped_at == "skip"
     assert set(result.timing_s) == {"produce", "skip"} and "out" not in result.outputs

@@ -1,4 +1,5 @@
 """Shared helpers: parquet files written from row dicts, and a fast stand-in tokenizer."""
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -17,8 +18,12 @@ class CharTokenizer:
 
 
 def make_row(i, content=None, data_source="openai/gsm8k", truth=None):
-    return {"data_source": data_source, "prompt": [{"role": "user", "content": content or f"q{i}"}],
-            "reward_model": {"style": "rule", "ground_truth": truth or str(i)}, "extra_info": {"index": i}}
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": content or f"q{i}"}],
+        "reward_model": {"style": "rule", "ground_truth": truth or str(i)},
+        "extra_info": {"index": i},
+    }
 
 
 def write_rows(path, rows):

@@ -1,13 +1,14 @@
 """tools/prepare_data.py: every mode writes parquet that PromptDataset loads and the scorers accept."""
+
 import json
 import runpy
 from pathlib import Path
 
 import pytest
+from conftest import CharTokenizer
 
 from distflow.data import PromptDataset
 from distflow.rewards import RewardPool, RewardSample
-from conftest import CharTokenizer
 
 TOOL = Path(__file__).parents[2] / "tools" / "prepare_data.py"
 
@@ -29,7 +30,9 @@ def test_copy(prepare, tmp_path):
     strings = [p.messages[0]["content"] for p in list(train) + list(test)]
     assert len(set(strings)) == 50 and all(len(s) == 3 and s.isdigit() for s in strings)
     assert all(p.ground_truth == p.messages[0]["content"] and p.data_source == "distflow/copy" for p in train)
-    again = prepare("copy", "--out", tmp_path / "again", "--digits", 3, "--train", 40, "--test", 10, "--seed", 7)
+    again = prepare(
+        "copy", "--out", tmp_path / "again", "--digits", 3, "--train", 40, "--test", 10, "--seed", 7
+    )
     assert Path(again["train"]).read_bytes() == Path(paths["train"]).read_bytes()
     with pytest.raises(ValueError, match="distinct"):
         prepare("copy", "--out", tmp_path, "--digits", 1, "--train", 8, "--test", 3)
@@ -50,28 +53,45 @@ def test_gsm_symbolic(prepare, tmp_path):
 
 def test_gsm8k_and_math_from_files(prepare, tmp_path):
     gsm = tmp_path / "gsm8k_test.jsonl"
-    gsm.write_text("\n".join(json.dumps(r) for r in [
-        {"question": "Ann has 2 apples and buys 1,000 more. How many?", "answer": "2 + 1000 = 1002\n#### 1,002"},
-        {"question": "What is 3 times 4?", "answer": "3 * 4 = 12\n#### 12"}]))
+    gsm.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {
+                    "question": "Ann has 2 apples and buys 1,000 more. How many?",
+                    "answer": "2 + 1000 = 1002\n#### 1,002",
+                },
+                {"question": "What is 3 times 4?", "answer": "3 * 4 = 12\n#### 12"},
+            ]
+        )
+    )
     rows = load(prepare("gsm8k", "--input", gsm, "--out", tmp_path / "gsm")["test"])
     assert [p.ground_truth for p in rows] == ["1002", "12"] and rows[0].data_source == "openai/gsm8k"
 
     math = tmp_path / "math.jsonl"
-    math.write_text("\n".join(json.dumps(r) for r in [
-        {"problem": "Half of one?", "solution": "It is $\\boxed{\\frac{1}{2}}$."},
-        {"problem": "2+2?", "solution": "...", "answer": "4"}]))
+    math.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"problem": "Half of one?", "solution": "It is $\\boxed{\\frac{1}{2}}$."},
+                {"problem": "2+2?", "solution": "...", "answer": "4"},
+            ]
+        )
+    )
     rows = load(prepare("math", "--input", math, "--split", "train", "--out", tmp_path / "math")["train"])
     assert [p.ground_truth for p in rows] == ["\\frac{1}{2}", "4"]
     assert rows[0].messages[0]["content"].endswith("within \\boxed{}.")
 
 
-@pytest.mark.slow   # importing `datasets` costs ~4 s of CPU
+@pytest.mark.slow  # importing `datasets` costs ~4 s of CPU
 def test_saved_hf_dataset_dir(prepare, tmp_path):
     datasets = pytest.importorskip("datasets")
-    datasets.DatasetDict({
-        "train": datasets.Dataset.from_list([{"question": "1+1?", "answer": "#### 2"}]),
-        "test": datasets.Dataset.from_list([{"question": "2+1?", "answer": "#### 3"}]),
-    }).save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_list([{"question": "1+1?", "answer": "#### 2"}]),
+            "test": datasets.Dataset.from_list([{"question": "2+1?", "answer": "#### 3"}]),
+        }
+    ).save_to_disk(str(tmp_path / "saved"))
     paths = prepare("gsm8k", "--input", tmp_path / "saved", "--out", tmp_path / "out")
     assert [p.ground_truth for p in load(paths["train"])] == ["2"]
     assert [p.ground_truth for p in load(paths["test"])] == ["3"]

@@ -1,8 +1,9 @@
 """PromptDataset: schema validation naming file/row/field, the chat template, the prompt-length filter."""
+
 import pytest
+from conftest import make_row, write_rows
 
 from distflow.data import DataError, PromptDataset
-from conftest import make_row, write_rows
 
 
 def test_rows_become_prompts(tmp_path, char_tokenizer):
@@ -17,9 +18,9 @@ def test_rows_become_prompts(tmp_path, char_tokenizer):
 
 
 def test_real_chat_template(tmp_path):
-    from distflow.models.tiny_tokenizer import train_tiny_tokenizer   # imports transformers (seconds)
+    from distflow.models.tiny_tokenizer import train_tiny_tokenizer  # imports transformers (seconds)
 
-    tokenizer = train_tiny_tokenizer(512)   # the tiny models' tokenizer: Qwen chat template
+    tokenizer = train_tiny_tokenizer(512)  # the tiny models' tokenizer: Qwen chat template
     path = write_rows(tmp_path / "t.parquet", [make_row(0, content="What is 2 + 3?")])
     prompt = PromptDataset([path], tokenizer)[0]
     text = tokenizer.decode(prompt.input_ids)
@@ -35,12 +36,18 @@ def test_length_filter_is_counted(tmp_path, char_tokenizer):
     assert ds.stats == {"rows": 3, "kept": 1, "filtered_too_long": 2, "skipped_bad_rows": 0}
 
 
-@pytest.mark.parametrize("broken, field", [
-    (lambda r: r.update(reward_model={"style": "rule", "ground_truth": None}), "reward_model.ground_truth"),
-    (lambda r: r.update(data_source=None), "data_source"),
-    (lambda r: r.update(prompt=[]), "prompt"),
-    (lambda r: r["prompt"][0].update(content=None), "prompt[0].content"),
-])
+@pytest.mark.parametrize(
+    "broken, field",
+    [
+        (
+            lambda r: r.update(reward_model={"style": "rule", "ground_truth": None}),
+            "reward_model.ground_truth",
+        ),
+        (lambda r: r.update(data_source=None), "data_source"),
+        (lambda r: r.update(prompt=[]), "prompt"),
+        (lambda r: r["prompt"][0].update(content=None), "prompt[0].content"),
+    ],
+)
 def test_bad_row_names_file_row_and_field(tmp_path, char_tokenizer, broken, field):
     rows = [make_row(i) for i in range(4)]
     broken(rows[2])
@@ -63,8 +70,13 @@ def test_missing_column_and_file(tmp_path, char_tokenizer):
 
 
 def test_custom_prompt_key_and_no_extra_info(tmp_path, char_tokenizer):
-    rows = [{"messages": [{"role": "user", "content": "hi"}], "data_source": "s",
-             "reward_model": {"ground_truth": 5}}]
+    rows = [
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "data_source": "s",
+            "reward_model": {"ground_truth": 5},
+        }
+    ]
     ds = PromptDataset([write_rows(tmp_path / "a.parquet", rows)], char_tokenizer, prompt_key="messages")
     assert ds[0].ground_truth == 5 and ds[0].extra_info == {}
 
@@ -88,7 +100,9 @@ def test_jsonl_and_json_files_are_read_like_parquet(tmp_path, char_tokenizer):
 def test_all_too_long_suggests_the_length_to_set(tmp_path, char_tokenizer):
     # 17 + len(content) tokens each: 20, 21, 47
     rows = [make_row(0, content="x" * 3), make_row(1, content="x" * 4), make_row(2, content="x" * 30)]
-    with pytest.raises(DataError, match=r"set data.max_prompt_length=47 to keep all of them, or 21 to keep half"):
+    with pytest.raises(
+        DataError, match=r"set data.max_prompt_length=47 to keep all of them, or 21 to keep half"
+    ):
         PromptDataset([write_rows(tmp_path / "a.parquet", rows)], char_tokenizer, max_prompt_length=10)
 
 

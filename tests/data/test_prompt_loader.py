@@ -1,9 +1,10 @@
 """PromptLoader: disjoint deterministic partitions, batches over ranks, exact resume; validation batches."""
+
 import pytest
 
 from distflow.data import PromptLoader, epoch_order, val_batches
 
-ROWS = list(range(23))   # the loader only indexes the dataset: plain ints stand in for prompts
+ROWS = list(range(23))  # the loader only indexes the dataset: plain ints stand in for prompts
 
 
 def take(loader, n):
@@ -13,17 +14,17 @@ def take(loader, n):
 def test_ranks_partition_each_batch_and_epoch():
     world, batch = 4, 8
     loaders = [PromptLoader(ROWS, batch, rank=r, world_size=world, seed=5) for r in range(world)]
-    assert loaders[0].steps_per_epoch == 2   # 23 // 8; the last 7 rows of each epoch are dropped
-    for step in range(4):                    # two epochs
+    assert loaders[0].steps_per_epoch == 2  # 23 // 8; the last 7 rows of each epoch are dropped
+    for step in range(4):  # two epochs
         parts = [next(loader) for loader in loaders]
         assert all(len(p) == batch // world for p in parts)
         union = sorted(x for p in parts for x in p)
-        assert len(set(union)) == batch      # disjoint
+        assert len(set(union)) == batch  # disjoint
         order = epoch_order(len(ROWS), step // 2, seed=5)
-        assert union == sorted(order[(step % 2) * batch:(step % 2 + 1) * batch])
-        for r, p in enumerate(parts):        # rank r reads rows r::R of the epoch order
-            assert p == order[r::world][(step % 2) * 2:(step % 2 + 1) * 2]
-    assert epoch_order(23, 0, 5) != epoch_order(23, 1, 5)      # reshuffled per epoch
+        assert union == sorted(order[(step % 2) * batch : (step % 2 + 1) * batch])
+        for r, p in enumerate(parts):  # rank r reads rows r::R of the epoch order
+            assert p == order[r::world][(step % 2) * 2 : (step % 2 + 1) * 2]
+    assert epoch_order(23, 0, 5) != epoch_order(23, 1, 5)  # reshuffled per epoch
     assert sorted(epoch_order(23, 1, 5)) == ROWS
 
 
@@ -40,7 +41,7 @@ def test_deterministic_and_seeded():
     assert take(PromptLoader(ROWS, 4, shuffle=False), 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
-@pytest.mark.parametrize("stop_after", [1, 5, 6, 11])   # mid-epoch, at an epoch end, across epochs
+@pytest.mark.parametrize("stop_after", [1, 5, 6, 11])  # mid-epoch, at an epoch end, across epochs
 def test_resume_yields_exactly_the_next_batches(stop_after):
     original = PromptLoader(ROWS, 4, rank=1, world_size=2, seed=3)
     expected = take(original, 20)

@@ -1,4 +1,5 @@
 """Megatron's process groups, built from a ParallelLayout, agree with the layout's pure rank maps."""
+
 import re
 from pathlib import Path
 

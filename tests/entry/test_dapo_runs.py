@@ -1,6 +1,7 @@
 """DAPO end to end: `distflow.train` with dag.pipeline=dapo on 2 CPU processes (real Megatron-Core actor at
 TP=2, one real SGLang engine per rank), the dynamic-sampling node refilling the batch with further rounds of
 real generation, and a run whose every group is uninformative skipping its updates cleanly."""
+
 import sys
 
 import pytest
@@ -18,17 +19,46 @@ def copy_task(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("dapo")
     model = make_tiny_model("qwen2", root / "tiny-qwen2", vocab=300)
-    run([sys.executable, "tools/prepare_data.py", "copy", "--out", root / "copy", "--digits", "4", "--train", "2000",
-         "--test", "16", "--seed", "1"], timeout_s=300)
+    run(
+        [
+            sys.executable,
+            "tools/prepare_data.py",
+            "copy",
+            "--out",
+            root / "copy",
+            "--digits",
+            "4",
+            "--train",
+            "2000",
+            "--test",
+            "16",
+            "--seed",
+            "1",
+        ],
+        timeout_s=300,
+    )
     return model, root / "copy"
 
 
 def _train(copy_task, out, *overrides):
     model, data = copy_task
-    torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[
-        "examples/configs/dapo_copy_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}",
-        f"data.train_files=[{data}/train.parquet]", "data.val_files=[]", f"data.train_batch_size={BATCH}",
-        f"rollout.n={N}", f"algorithm.max_sampling_attempts={ATTEMPTS}", *overrides])
+    torchrun(
+        "distflow.train",
+        nproc=2,
+        module=True,
+        timeout_s=900,
+        args=[
+            "examples/configs/dapo_copy_cpu.yaml",
+            f"model.path={model}",
+            f"trainer.output_dir={out}",
+            f"data.train_files=[{data}/train.parquet]",
+            "data.val_files=[]",
+            f"data.train_batch_size={BATCH}",
+            f"rollout.n={N}",
+            f"algorithm.max_sampling_attempts={ATTEMPTS}",
+            *overrides,
+        ],
+    )
     return metrics_rows(out)
 
 
@@ -58,8 +88,13 @@ def test_dapo_refills_the_batch_and_trains(copy_task, tmp_path):
 @pytest.mark.slow
 def test_steps_without_an_informative_group_skip_the_update(copy_task, tmp_path):
     # Greedy sampling makes the n answers of a prompt identical, so every group's rewards are equal.
-    rows = _train(copy_task, tmp_path / "run", "trainer.total_steps=2", "trainer.sft_warmup_steps=0",
-                  "rollout.temperature=0")
+    rows = _train(
+        copy_task,
+        tmp_path / "run",
+        "trainer.total_steps=2",
+        "trainer.sft_warmup_steps=0",
+        "rollout.temperature=0",
+    )
     assert len(rows) == 2
     for r in rows:
         assert r["dapo/skipped_update"] == 1 and r["dapo/kept_groups"] == 0, r

@@ -12,12 +12,29 @@ from distflow.testing.launch import torchrun
 def test_grpo_steps_with_a_data_parallel_actor(tmp_path):
     model, data = copy_task(tmp_path, train=256)
     out = tmp_path / "run"
-    torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[
-        "examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}",
-        "actor.tp=1", "rollout.engine_tp=2", "actor.optim.use_distributed_optimizer=true", "trainer.total_steps=3",
-        "trainer.sft_warmup_steps=0", "trainer.val_every=0", "data.train_batch_size=6", "rollout.n=4",
-        "rollout.max_new_tokens=48",  # random-policy lengths 1..48: token balance alone would split rows unevenly
-        f"data.train_files=[{data}/train.parquet]", "data.val_files=[]", "checkpoint.export_hf=false"])
+    torchrun(
+        "distflow.train",
+        nproc=2,
+        module=True,
+        timeout_s=900,
+        args=[
+            "examples/configs/grpo_copy_cpu.yaml",
+            f"model.path={model}",
+            f"trainer.output_dir={out}",
+            "actor.tp=1",
+            "rollout.engine_tp=2",
+            "actor.optim.use_distributed_optimizer=true",
+            "trainer.total_steps=3",
+            "trainer.sft_warmup_steps=0",
+            "trainer.val_every=0",
+            "data.train_batch_size=6",
+            "rollout.n=4",
+            "rollout.max_new_tokens=48",  # random-policy lengths 1..48: token balance alone would split rows unevenly
+            f"data.train_files=[{data}/train.parquet]",
+            "data.val_files=[]",
+            "checkpoint.export_hf=false",
+        ],
+    )
     rows = metrics_rows(out)
     assert len(rows) == 3, rows
     assert rows[0]["rollout/logprob_diff_vs_actor"] <= 1e-3, rows[0]

@@ -8,6 +8,7 @@ engine log-probs equal the actor's. A second job resumes from the first's checkp
 restores no worker). A 2-process job with sync.transport=auto reaches the engine through shared memory (one
 node), so nothing travels over the group.
 """
+
 import json
 
 import pytest
@@ -17,9 +18,18 @@ from distflow.testing.launch import torchrun
 
 
 def _common(model, data):
-    return ["examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", "rollout.placement=disaggregated",
-            "rollout.num_ranks=1", "trainer.sft_warmup_steps=1", "trainer.val_every=0", "data.train_batch_size=4",
-            "rollout.n=4", f"data.train_files=[{data}/train.parquet]", "data.val_files=[]"]
+    return [
+        "examples/configs/grpo_copy_cpu.yaml",
+        f"model.path={model}",
+        "rollout.placement=disaggregated",
+        "rollout.num_ranks=1",
+        "trainer.sft_warmup_steps=1",
+        "trainer.val_every=0",
+        "data.train_batch_size=4",
+        "rollout.n=4",
+        f"data.train_files=[{data}/train.parquet]",
+        "data.val_files=[]",
+    ]
 
 
 def _engine_padding_bytes(model) -> int:
@@ -42,9 +52,21 @@ def inputs(tmp_path_factory):
 def test_training_ranks_apart_from_the_engine_over_a_process_group(inputs):
     tmp, model, data = inputs
     out = tmp / "group"
-    log = torchrun("distflow.train", nproc=3, module=True, timeout_s=900, args=[
-        *_common(model, data), "actor.tp=2", "sync.transport=process_group", "sync.verify=true",
-        "trainer.total_steps=2", "checkpoint.save_every=1", f"trainer.output_dir={out}"])
+    log = torchrun(
+        "distflow.train",
+        nproc=3,
+        module=True,
+        timeout_s=900,
+        args=[
+            *_common(model, data),
+            "actor.tp=2",
+            "sync.transport=process_group",
+            "sync.verify=true",
+            "trainer.total_steps=2",
+            "checkpoint.save_every=1",
+            f"trainer.output_dir={out}",
+        ],
+    )
     assert "engine 0: ranks [2]" in log and "actor: tp=2 pp=1 dp=1" in log, log[-3000:]
     assert "rank 2 sends" not in log  # the rollout-only rank holds no Megatron shard
     rows = metrics_rows(out)
@@ -58,9 +80,20 @@ def test_training_ranks_apart_from_the_engine_over_a_process_group(inputs):
     assert [r["rollout/weight_version"] for r in rows] == [1.0, 2.0]  # warm-up sync, then one per step
 
     resumed = tmp / "resumed"
-    log = torchrun("distflow.train", nproc=3, module=True, timeout_s=900, args=[
-        *_common(model, data), "actor.tp=2", "sync.transport=process_group", "trainer.total_steps=3",
-        f"checkpoint.resume={out / 'checkpoints' / 'step_2'}", f"trainer.output_dir={resumed}"])
+    log = torchrun(
+        "distflow.train",
+        nproc=3,
+        module=True,
+        timeout_s=900,
+        args=[
+            *_common(model, data),
+            "actor.tp=2",
+            "sync.transport=process_group",
+            "trainer.total_steps=3",
+            f"checkpoint.resume={out / 'checkpoints' / 'step_2'}",
+            f"trainer.output_dir={resumed}",
+        ],
+    )
     assert "resumed from" in log, log[-3000:]
     rows = metrics_rows(resumed)
     assert [r["step"] for r in rows] == [3], rows
@@ -72,9 +105,19 @@ def test_training_ranks_apart_from_the_engine_over_a_process_group(inputs):
 def test_one_node_disaggregated_uses_shared_memory(inputs):
     tmp, model, data = inputs
     out = tmp / "shm"
-    torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[
-        *_common(model, data), "actor.tp=1", "trainer.total_steps=1", "checkpoint.export_hf=false",
-        f"trainer.output_dir={out}"])
+    torchrun(
+        "distflow.train",
+        nproc=2,
+        module=True,
+        timeout_s=900,
+        args=[
+            *_common(model, data),
+            "actor.tp=1",
+            "trainer.total_steps=1",
+            "checkpoint.export_hf=false",
+            f"trainer.output_dir={out}",
+        ],
+    )
     (row,) = metrics_rows(out)
     assert row["sync/group_bytes"] == 0 and row["sync/bytes"] > 0, row
     assert row["rollout/logprob_diff_vs_actor"] <= 1e-5, row

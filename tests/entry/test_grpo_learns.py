@@ -1,6 +1,7 @@
 """The product end to end: `distflow.train` runs GRPO over the DAG on 2 CPU processes (real Megatron-Core
 actor at TP=2, one real SGLang engine per rank, the data coordinator between their layouts, weight sync
 every step) and the tiny model learns the copy task."""
+
 import statistics
 
 import pytest
@@ -15,9 +16,19 @@ def test_grpo_learns_the_copy_task(tmp_path):
     # policy spreads over more useless tokens and 80 steps gave only +0.12.
     model, data = copy_task(tmp_path, train=9000, test=64)
     out = tmp_path / "run"
-    torchrun("distflow.train", nproc=2, module=True, timeout_s=1500, args=[
-        "examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}",
-        f"data.train_files=[{data}/train.parquet]", f"data.val_files=[{data}/test.parquet]"])
+    torchrun(
+        "distflow.train",
+        nproc=2,
+        module=True,
+        timeout_s=1500,
+        args=[
+            "examples/configs/grpo_copy_cpu.yaml",
+            f"model.path={model}",
+            f"trainer.output_dir={out}",
+            f"data.train_files=[{data}/train.parquet]",
+            f"data.val_files=[{data}/test.parquet]",
+        ],
+    )
     rows = metrics_rows(out)
     rewards = [r["reward/mean"] for r in rows]
     first, last = statistics.mean(rewards[:5]), statistics.mean(rewards[-5:])

@@ -12,6 +12,7 @@ Metrics: the run writes the names docs/metrics.md documents, with max/min reduce
 a reward a sample can have, not a mean of per-rank maxima), validation per data_source, the validation sample
 table and the profiler traces of trainer.profile_steps.
 """
+
 import json
 
 import pytest
@@ -19,13 +20,37 @@ import pytest
 from distflow.testing.copy_task import copy_task, metrics_rows
 from distflow.testing.launch import torchrun
 
-DOCUMENTED = ["timing_s/generate", "timing_s/train_actor", "timing_s/step", "perf/time_per_step", "perf/throughput",
-              "perf/cpu_memory_used_gb", "rollout/samples", "rollout/tokens", "rollout/response_length/mean",
-              "rollout/response_length/max", "rollout/response_length/min", "rollout/response_length/clip_ratio",
-              "rollout/prompt_length/mean", "rollout/prompt_length/max", "rollout/prompt_length/min",
-              "reward/mean", "reward/max", "reward/min", "reward/samples", "reward/errors",
-              "reward/shaped/mean", "advantage/mean", "advantage/max", "advantage/min",
-              "actor/pg_loss", "actor/pg_clipfrac", "actor/entropy", "actor/grad_norm", "sync/seconds"]
+DOCUMENTED = [
+    "timing_s/generate",
+    "timing_s/train_actor",
+    "timing_s/step",
+    "perf/time_per_step",
+    "perf/throughput",
+    "perf/cpu_memory_used_gb",
+    "rollout/samples",
+    "rollout/tokens",
+    "rollout/response_length/mean",
+    "rollout/response_length/max",
+    "rollout/response_length/min",
+    "rollout/response_length/clip_ratio",
+    "rollout/prompt_length/mean",
+    "rollout/prompt_length/max",
+    "rollout/prompt_length/min",
+    "reward/mean",
+    "reward/max",
+    "reward/min",
+    "reward/samples",
+    "reward/errors",
+    "reward/shaped/mean",
+    "advantage/mean",
+    "advantage/max",
+    "advantage/min",
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/entropy",
+    "actor/grad_norm",
+    "sync/seconds",
+]
 
 
 def _is_copy_reward(value: float) -> bool:
@@ -39,12 +64,29 @@ def short_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("short_run")
     model, data = copy_task(root, train=256, test=8)
     out = root / "run"
-    log = torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[
-        "examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}",
-        f"data.train_files=[{data}/train.parquet]", f"data.val_files=[{data}/test.parquet]", "trainer.total_steps=3",
-        "trainer.val_every=2", "trainer.sft_warmup_steps=2", "data.train_batch_size=8", "sync.method=auto",
-        # 20 KiB buckets: the embedding and MLP weights travel as row ranges, as large models' do at 512 MiB
-        "sync.bucket_mb=0.02", "trainer.profile_steps=[2]", "tracking.val_samples=4", "checkpoint.export_hf=false"])
+    log = torchrun(
+        "distflow.train",
+        nproc=2,
+        module=True,
+        timeout_s=900,
+        args=[
+            "examples/configs/grpo_copy_cpu.yaml",
+            f"model.path={model}",
+            f"trainer.output_dir={out}",
+            f"data.train_files=[{data}/train.parquet]",
+            f"data.val_files=[{data}/test.parquet]",
+            "trainer.total_steps=3",
+            "trainer.val_every=2",
+            "trainer.sft_warmup_steps=2",
+            "data.train_batch_size=8",
+            "sync.method=auto",
+            # 20 KiB buckets: the embedding and MLP weights travel as row ranges, as large models' do at 512 MiB
+            "sync.bucket_mb=0.02",
+            "trainer.profile_steps=[2]",
+            "tracking.val_samples=4",
+            "checkpoint.export_hf=false",
+        ],
+    )
     return out, log
 
 

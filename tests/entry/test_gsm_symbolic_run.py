@@ -5,6 +5,7 @@ prompts of hundreds of tokens through the prompt-length filter, the engines and 
 GSM8K scorer in its process pool (no scorer errors), validation on the test split, and the
 step-1 invariant that the actor recomputes the engine's log-probs.
 """
+
 import sys
 
 import pytest
@@ -18,12 +19,36 @@ from distflow.testing.launch import run, torchrun
 def test_two_grpo_steps_on_gsm_symbolic(tmp_path):
     model = make_tiny_model("qwen2", tmp_path / "tiny-qwen2")
     data = tmp_path / "gsm"
-    run([sys.executable, "tools/prepare_data.py", "gsm_symbolic", "--out", data, "--train", "16", "--test", "4",
-         "--seed", "1"], timeout_s=300)
+    run(
+        [
+            sys.executable,
+            "tools/prepare_data.py",
+            "gsm_symbolic",
+            "--out",
+            data,
+            "--train",
+            "16",
+            "--test",
+            "4",
+            "--seed",
+            "1",
+        ],
+        timeout_s=300,
+    )
     out = tmp_path / "run"
-    torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[
-        "examples/configs/grpo_gsm_symbolic_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}",
-        f"data.train_files=[{data}/train.parquet]", f"data.val_files=[{data}/test.parquet]"])
+    torchrun(
+        "distflow.train",
+        nproc=2,
+        module=True,
+        timeout_s=900,
+        args=[
+            "examples/configs/grpo_gsm_symbolic_cpu.yaml",
+            f"model.path={model}",
+            f"trainer.output_dir={out}",
+            f"data.train_files=[{data}/train.parquet]",
+            f"data.val_files=[{data}/test.parquet]",
+        ],
+    )
     rows = metrics_rows(out)
     assert [r["step"] for r in rows] == [1, 2], rows
     for r in rows:

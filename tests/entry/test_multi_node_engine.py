@@ -17,11 +17,29 @@ from distflow.testing.launch import torchrun
 def test_grpo_with_an_engine_over_two_nodes(tmp_path):
     model, data = copy_task(tmp_path, train=64)
     out = tmp_path / "run"
-    log = torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[
-        "examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}", "actor.tp=2",
-        "rollout.engine_tp=2", "rollout.engine_nnodes=2", "trainer.total_steps=2", "trainer.sft_warmup_steps=1",
-        "trainer.val_every=0", "data.train_batch_size=4", "rollout.n=4", "sync.verify=true",
-        f"data.train_files=[{data}/train.parquet]", "data.val_files=[]", "checkpoint.export_hf=false"])
+    log = torchrun(
+        "distflow.train",
+        nproc=2,
+        module=True,
+        timeout_s=900,
+        args=[
+            "examples/configs/grpo_copy_cpu.yaml",
+            f"model.path={model}",
+            f"trainer.output_dir={out}",
+            "actor.tp=2",
+            "rollout.engine_tp=2",
+            "rollout.engine_nnodes=2",
+            "trainer.total_steps=2",
+            "trainer.sft_warmup_steps=1",
+            "trainer.val_every=0",
+            "data.train_batch_size=4",
+            "rollout.n=4",
+            "sync.verify=true",
+            f"data.train_files=[{data}/train.parquet]",
+            "data.val_files=[]",
+            "checkpoint.export_hf=false",
+        ],
+    )
     assert "1 engine(s) of TP 2" in log, log[-3000:]
     logs = out / "engine_logs"
     assert (logs / "engine0.log").is_file() and (logs / "engine0.node1.log").is_file()

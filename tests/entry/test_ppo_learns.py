@@ -1,6 +1,7 @@
 """PPO with a critic end to end: `distflow.train` on 2 CPU processes (real Megatron-Core actor and critic at
 TP=2, one real SGLang engine per rank, GAE at token level, the data coordinator between the layouts, weight
 sync every step) and the tiny model learns the copy task while the critic learns to predict its returns."""
+
 import statistics
 
 import pytest
@@ -13,9 +14,19 @@ from distflow.testing.launch import torchrun
 def test_ppo_with_a_critic_learns_the_copy_task(tmp_path):
     model, data = copy_task(tmp_path, train=9000, test=64)
     out = tmp_path / "run"
-    torchrun("distflow.train", nproc=2, module=True, timeout_s=1500, args=[
-        "examples/configs/ppo_copy_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}",
-        f"data.train_files=[{data}/train.parquet]", f"data.val_files=[{data}/test.parquet]"])
+    torchrun(
+        "distflow.train",
+        nproc=2,
+        module=True,
+        timeout_s=1500,
+        args=[
+            "examples/configs/ppo_copy_cpu.yaml",
+            f"model.path={model}",
+            f"trainer.output_dir={out}",
+            f"data.train_files=[{data}/train.parquet]",
+            f"data.val_files=[{data}/test.parquet]",
+        ],
+    )
     rows = metrics_rows(out)
     rewards = [r["reward/mean"] for r in rows]
     first, last = statistics.mean(rewards[:5]), statistics.mean(rewards[-5:])

@@ -4,6 +4,7 @@ SGLang engine per rank, for a few steps, so at step 1 actor, reference and engin
 (with a supervised warm-up, the warmed-up actor becomes the reference). Invariants checked (as slime's CI does):
   step 1: the KL to the reference is exactly 0 and the actor's recomputed log-probs match the engine's;
   later: the KL is > 0, and it sits in the loss or in the reward as configured."""
+
 import math
 import os
 from pathlib import Path
@@ -13,10 +14,20 @@ import pytest
 from distflow.testing.copy_task import copy_task, metrics_rows
 from distflow.testing.launch import torchrun
 
-COMMON = ["ref.enable=true", "ref.tp=2", "algorithm.kl_coef=0.05", "algorithm.entropy_coef=0.0",
-          "trainer.sft_warmup_steps=0", "trainer.val_every=0", "data.val_files=[]", "data.train_batch_size=8",
-          "rollout.n=4", "checkpoint.export_hf=false", "dag.pipeline=reinforce_pp",
-          "reward.custom=scorers_for_entry:digits"]
+COMMON = [
+    "ref.enable=true",
+    "ref.tp=2",
+    "algorithm.kl_coef=0.05",
+    "algorithm.entropy_coef=0.0",
+    "trainer.sft_warmup_steps=0",
+    "trainer.val_every=0",
+    "data.val_files=[]",
+    "data.train_batch_size=8",
+    "rollout.n=4",
+    "checkpoint.export_hf=false",
+    "dag.pipeline=reinforce_pp",
+    "reward.custom=scorers_for_entry:digits",
+]
 # The scorer's module, importable by every rank and the reward pool's worker processes.
 ENV = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
 
@@ -31,9 +42,22 @@ def inputs(tmp_path_factory):
 def _train(inputs, name: str, steps: int, overrides: list[str]) -> list[dict]:
     root, model, data = inputs
     out = root / name
-    output = torchrun("distflow.train", nproc=2, module=True, timeout_s=600, env=ENV, args=[
-        "examples/configs/grpo_copy_cpu.yaml", f"model.path={model}", f"trainer.output_dir={out}",
-        f"data.train_files=[{data}/train.parquet]", f"trainer.total_steps={steps}", *COMMON, *overrides])
+    output = torchrun(
+        "distflow.train",
+        nproc=2,
+        module=True,
+        timeout_s=600,
+        env=ENV,
+        args=[
+            "examples/configs/grpo_copy_cpu.yaml",
+            f"model.path={model}",
+            f"trainer.output_dir={out}",
+            f"data.train_files=[{data}/train.parquet]",
+            f"trainer.total_steps={steps}",
+            *COMMON,
+            *overrides,
+        ],
+    )
     assert "advantage -> train_actor" in output  # the pipeline's order line names the nodes that ran
     rows = metrics_rows(out)
     assert len(rows) == steps
@@ -51,8 +75,17 @@ def _train(inputs, name: str, steps: int, overrides: list[str]) -> list[dict]:
 @pytest.mark.slow
 def test_reinforce_pp_with_the_kl_penalty_in_the_reward(inputs):
     # Two warm-up steps first: the reference must then be the warmed-up actor for the step-1 KL to be 0.
-    rows = _train(inputs, "reinforce_pp", 3, ["algorithm.adv_estimator=reinforce_pp", "algorithm.kl_in_reward=true",
-                                               "algorithm.gamma=0.99", "trainer.sft_warmup_steps=2"])
+    rows = _train(
+        inputs,
+        "reinforce_pp",
+        3,
+        [
+            "algorithm.adv_estimator=reinforce_pp",
+            "algorithm.kl_in_reward=true",
+            "algorithm.gamma=0.99",
+            "trainer.sft_warmup_steps=2",
+        ],
+    )
     assert rows[0]["reward/kl_penalty"] == 0.0, rows[0]
     assert rows[-1]["reward/kl_penalty"] > 0.0, rows[-1]
     for row in rows:  # the KL is in the reward, not in the loss (no entropy term either)
@@ -61,8 +94,14 @@ def test_reinforce_pp_with_the_kl_penalty_in_the_reward(inputs):
 
 @pytest.mark.slow
 def test_reinforce_pp_baseline_with_the_kl_as_a_loss_term(inputs):
-    rows = _train(inputs, "reinforce_pp_baseline", 2, ["algorithm.adv_estimator=reinforce_pp_baseline",
-                                                        "algorithm.kl_in_reward=false"])
+    rows = _train(
+        inputs,
+        "reinforce_pp_baseline",
+        2,
+        ["algorithm.adv_estimator=reinforce_pp_baseline", "algorithm.kl_in_reward=false"],
+    )
     assert "reward/kl_penalty" not in rows[-1]
     last = rows[-1]  # loss = pg_loss + kl_coef * kl (token means over the same tokens)
-    assert last["actor/loss"] == pytest.approx(last["actor/pg_loss"] + 0.05 * last["actor/kl"], abs=1e-6), last
+    assert last["actor/loss"] == pytest.approx(last["actor/pg_loss"] + 0.05 * last["actor/kl"], abs=1e-6), (
+        last
+    )

@@ -1,6 +1,7 @@
 """GRPO with a reward model (reward.model_path) end to end on 2 CPU processes: the reward model (a tiny
 Qwen2ForSequenceClassification with a random head) scores every sample in the actor's layout (Megatron
 TP=2), and the policy climbs it: the mean score of the last steps is above that of the first ones."""
+
 import statistics
 import sys
 
@@ -19,14 +20,44 @@ def test_grpo_climbs_a_reward_model(tmp_path):
     policy = make_tiny_model("qwen2", tmp_path / "policy", vocab=300)
     reward_model = make_tiny_reward_model("qwen2", tmp_path / "rm", vocab=300)  # the same tokenizer
     data = tmp_path / "copy"
-    run([sys.executable, "tools/prepare_data.py", "copy", "--out", data, "--digits", "4", "--train", "512",
-         "--test", "8", "--seed", "1"], timeout_s=300)
+    run(
+        [
+            sys.executable,
+            "tools/prepare_data.py",
+            "copy",
+            "--out",
+            data,
+            "--digits",
+            "4",
+            "--train",
+            "512",
+            "--test",
+            "8",
+            "--seed",
+            "1",
+        ],
+        timeout_s=300,
+    )
     out = tmp_path / "run"
-    torchrun("distflow.train", nproc=2, module=True, timeout_s=900, args=[
-        "examples/configs/grpo_copy_cpu.yaml", f"model.path={policy}", f"reward.model_path={reward_model}",
-        f"trainer.output_dir={out}", f"trainer.total_steps={STEPS}", "trainer.sft_warmup_steps=0",
-        "trainer.val_every=0", "data.train_batch_size=16", f"data.train_files=[{data}/train.parquet]",
-        "data.val_files=[]", "checkpoint.export_hf=false"])
+    torchrun(
+        "distflow.train",
+        nproc=2,
+        module=True,
+        timeout_s=900,
+        args=[
+            "examples/configs/grpo_copy_cpu.yaml",
+            f"model.path={policy}",
+            f"reward.model_path={reward_model}",
+            f"trainer.output_dir={out}",
+            f"trainer.total_steps={STEPS}",
+            "trainer.sft_warmup_steps=0",
+            "trainer.val_every=0",
+            "data.train_batch_size=16",
+            f"data.train_files=[{data}/train.parquet]",
+            "data.val_files=[]",
+            "checkpoint.export_hf=false",
+        ],
+    )
     rows = metrics_rows(out)
     assert len(rows) == STEPS and "timing_s/reward" in rows[0], rows[0]
     assert rows[0]["rollout/logprob_diff_vs_actor"] <= 1e-3, rows[0]

@@ -1,4 +1,5 @@
 """Parallel layouts and placement: validation with numbers in the errors, and rank <-> coordinate maps."""
+
 import itertools
 
 import pytest
@@ -17,25 +18,31 @@ def test_dp_is_derived_from_world_size():
     assert layout.world_size == 16
 
 
-@pytest.mark.parametrize("world, kwargs, message", [
-    (6, dict(tp=4), r"world size 6 is not divisible by tp\*pp\*cp = 4\*1\*1 = 4"),
-    (8, dict(tp=1, ep=3), r"not divisible by etp\*ep = 1\*3 = 3"),
-    (4, dict(vpp=2), r"vpp=2 needs pipeline parallelism"),
-    (4, dict(tp=0), r"actor\.tp=0 must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "world, kwargs, message",
+    [
+        (6, dict(tp=4), r"world size 6 is not divisible by tp\*pp\*cp = 4\*1\*1 = 4"),
+        (8, dict(tp=1, ep=3), r"not divisible by etp\*ep = 1\*3 = 3"),
+        (4, dict(vpp=2), r"vpp=2 needs pipeline parallelism"),
+        (4, dict(tp=0), r"actor\.tp=0 must be >= 1"),
+    ],
+)
 def test_world_size_errors_name_the_numbers(world, kwargs, message):
     with pytest.raises(LayoutError, match=message):
         ParallelLayout.for_world(world, **kwargs)
 
 
-@pytest.mark.parametrize("shape, kwargs, message", [
-    (DENSE, dict(tp=16), r"tp=16 does not divide the model's 8 attention heads"),
-    (DENSE, dict(tp=4), r"tp=4 does not divide the model's 2 KV heads"),
-    (DENSE, dict(pp=8), r"4 layers cannot be split evenly over pp\*vpp = 8\*1 = 8"),
-    (DENSE, dict(pp=2, vpp=4), r"pp\*vpp = 2\*4 = 8"),
-    (DENSE, dict(ep=2), r"ep=2 but the model is dense"),
-    (MOE, dict(ep=4), r"ep=4 does not divide the model's 6 experts"),
-])
+@pytest.mark.parametrize(
+    "shape, kwargs, message",
+    [
+        (DENSE, dict(tp=16), r"tp=16 does not divide the model's 8 attention heads"),
+        (DENSE, dict(tp=4), r"tp=4 does not divide the model's 2 KV heads"),
+        (DENSE, dict(pp=8), r"4 layers cannot be split evenly over pp\*vpp = 8\*1 = 8"),
+        (DENSE, dict(pp=2, vpp=4), r"pp\*vpp = 2\*4 = 8"),
+        (DENSE, dict(ep=2), r"ep=2 but the model is dense"),
+        (MOE, dict(ep=4), r"ep=4 does not divide the model's 6 experts"),
+    ],
+)
 def test_model_errors_name_the_numbers(shape, kwargs, message):
     layout = ParallelLayout.for_world(16, **kwargs)
     with pytest.raises(LayoutError, match=message):
@@ -82,11 +89,14 @@ def test_multi_node_engines_start_one_sglang_process_per_node():
     assert [single.engine_node_rank(r) for r in range(4)] == [None, None, 0, None]
 
 
-@pytest.mark.parametrize("args, message", [
-    (("colocated", 6, 4, 0), r"engine_tp=4 does not divide the 6 rollout ranks"),
-    (("disaggregated", 4, 1, 4), r"num_ranks=4 must leave training ranks"),
-    (("colocated", 8, 4, 0, 3), r"engine_nnodes=3 must divide rollout.engine_tp=4"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("colocated", 6, 4, 0), r"engine_tp=4 does not divide the 6 rollout ranks"),
+        (("disaggregated", 4, 1, 4), r"num_ranks=4 must leave training ranks"),
+        (("colocated", 8, 4, 0, 3), r"engine_nnodes=3 must divide rollout.engine_tp=4"),
+    ],
+)
 def test_placement_errors(args, message):
     with pytest.raises(LayoutError, match=message):
         Placement.create(*args)
@@ -99,8 +109,17 @@ def test_engine_tp_against_heads():
 
 
 def test_cluster_layout_from_config():
-    cfg = resolve(None, ["actor.tp=2", "ref.tp=2", "rollout.placement=disaggregated", "rollout.num_ranks=2",
-                         "rollout.engine_tp=2", "algorithm.kl_coef=0.1"])
+    cfg = resolve(
+        None,
+        [
+            "actor.tp=2",
+            "ref.tp=2",
+            "rollout.placement=disaggregated",
+            "rollout.num_ranks=2",
+            "rollout.engine_tp=2",
+            "algorithm.kl_coef=0.1",
+        ],
+    )
     cluster = ClusterLayout.from_config(cfg, 6, DENSE)
     assert cluster.actor.dp == 2 and cluster.ref == cluster.actor and cluster.critic is None
     assert cluster.placement.rollout_ranks == (4, 5)
@@ -115,7 +134,9 @@ def test_cluster_layout_rejects_before_any_process_group():
 
 def test_reference_and_critic_must_share_the_actor_layout():
     cfg = resolve(None, ["actor.tp=2", "ref.tp=1", "algorithm.kl_coef=0.1"])
-    with pytest.raises(LayoutError, match=r"ref\.tp=1 \(actor\.tp=2\).*set its parallel sizes to the actor's"):
+    with pytest.raises(
+        LayoutError, match=r"ref\.tp=1 \(actor\.tp=2\).*set its parallel sizes to the actor's"
+    ):
         ClusterLayout.from_config(cfg, 4, DENSE)
     cfg = resolve(None, ["actor.pp=2", "critic.enable=true", "critic.pp=1"])
     with pytest.raises(LayoutError, match=r"critic\.pp=1 \(actor\.pp=2\)"):
@@ -123,11 +144,25 @@ def test_reference_and_critic_must_share_the_actor_layout():
 
 
 def test_reference_and_critic_layouts_default_to_the_actor_layout():
-    cfg = resolve(None, ["actor.tp=2", "actor.pp=2", "actor.vpp=2", "algorithm.kl_coef=0.1", "critic.enable=true",
-                         "critic.tp=2"])  # an explicit equal size is fine too
+    cfg = resolve(
+        None,
+        [
+            "actor.tp=2",
+            "actor.pp=2",
+            "actor.vpp=2",
+            "algorithm.kl_coef=0.1",
+            "critic.enable=true",
+            "critic.tp=2",
+        ],
+    )  # an explicit equal size is fine too
     cluster = ClusterLayout.from_config(cfg, 8, DENSE)
-    assert cluster.ref == cluster.actor == cluster.critic and cluster.actor.describe() == "tp=2 pp=2 dp=2 cp=1 vpp=2"
-    cfg = resolve(None, ["actor.tp=2", "actor.ep=2", "actor.etp=1", "algorithm.kl_coef=0.1", "critic.enable=true"])
+    assert (
+        cluster.ref == cluster.actor == cluster.critic
+        and cluster.actor.describe() == "tp=2 pp=2 dp=2 cp=1 vpp=2"
+    )
+    cfg = resolve(
+        None, ["actor.tp=2", "actor.ep=2", "actor.etp=1", "algorithm.kl_coef=0.1", "critic.enable=true"]
+    )
     cluster = ClusterLayout.from_config(cfg, 4, MOE)
     assert cluster.ref == cluster.critic == cluster.actor and (cluster.ref.ep, cluster.ref.etp) == (2, 1)
 

@@ -1,6 +1,7 @@
 """megatron_patches.apply(): which patches it reports, that a second call changes nothing, and that the
 patches stay inside Megatron. Runs in a fresh interpreter (jobs/apply_patches_twice_job.py) so that this
 test process is never patched."""
+
 import json
 import sys
 from pathlib import Path
@@ -10,8 +11,14 @@ import pytest
 from distflow.testing.launch import run
 
 JOB = Path(__file__).parent / "jobs" / "apply_patches_twice_job.py"
-CUDA_PATCHES = {"cuda_device", "cuda_tensor_placement", "cuda_tensor_methods", "cuda_streams", "cuda_rng_tracker",
-                "moe_alltoall_split_sizes"}
+CUDA_PATCHES = {
+    "cuda_device",
+    "cuda_tensor_placement",
+    "cuda_tensor_methods",
+    "cuda_streams",
+    "cuda_rng_tracker",
+    "moe_alltoall_split_sizes",
+}
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ Each run is tests/megatron/jobs/tiny_gpt_job.py under torchrun: a tiny GPT (2 la
 vocab 128, seq 32) trained 3 steps with Megatron DDP, get_megatron_optimizer and the pipeline schedule.
 All layouts start from the weights the single-process reference saved, so the losses must agree.
 """
+
 import json
 from pathlib import Path
 
@@ -61,8 +62,18 @@ def dense_reference(workdir) -> dict:
 @pytest.fixture(scope="module")
 def tp2_run(workdir, dense_reference) -> dict:
     """TP2 from the reference's initial weights; also saves its trained weights for the resharding test."""
-    return run_job(workdir, "tp2", 2, "--tp", "2", "--load-init", workdir / "dense_init", "--eval",
-                   "--save-ckpt", workdir / "tp2_trained")
+    return run_job(
+        workdir,
+        "tp2",
+        2,
+        "--tp",
+        "2",
+        "--load-init",
+        workdir / "dense_init",
+        "--eval",
+        "--save-ckpt",
+        workdir / "tp2_trained",
+    )
 
 
 def test_tp2_matches_tp1(tp2_run, dense_reference):
@@ -87,8 +98,20 @@ def test_moe_ep2_matches_ep1(workdir):
 
 def test_checkpoint_saved_at_tp2_loads_at_pp2(workdir, tp2_run):
     """The TP2 run's trained weights, loaded into PP2, give the same loss on a fixed batch."""
-    loaded = run_job(workdir, "pp2_from_tp2", 2, "--pp", "2", "--steps", "0",
-                     "--load-ckpt", workdir / "tp2_trained", "--eval")
+    loaded = run_job(
+        workdir,
+        "pp2_from_tp2",
+        2,
+        "--pp",
+        "2",
+        "--steps",
+        "0",
+        "--load-ckpt",
+        workdir / "tp2_trained",
+        "--eval",
+    )
     diff = abs(loaded["eval_loss"] - tp2_run["eval_loss"])
-    print(f"checkpoint TP2 -> PP2: eval loss {loaded['eval_loss']} vs {tp2_run['eval_loss']}, |diff| {diff:.2e}")
+    print(
+        f"checkpoint TP2 -> PP2: eval loss {loaded['eval_loss']} vs {tp2_run['eval_loss']}, |diff| {diff:.2e}"
+    )
     assert diff <= EVAL_TOLERANCE, (loaded["eval_loss"], tp2_run["eval_loss"])

@@ -1,4 +1,5 @@
 """Tiny model directories of every family, shared by the tests of this package (built once per session)."""
+
 import pytest
 
 from distflow.models.tiny import FAMILIES, make_tiny_model

@@ -9,6 +9,7 @@ directories and damaged dist checkpoints are rejected naming the tensor, file or
 stays under twice the model, export memory near shard size + one layer. (Every family at every layout,
 in memory: test_parallel_logits.)
 """
+
 import json
 import shutil
 import subprocess
@@ -57,7 +58,8 @@ def _make_source(name: str, root: Path) -> Path:
 
         fused = root / f"{name}_hf_fused"
         AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).save_pretrained(
-            fused, save_original_format=False)
+            fused, save_original_format=False
+        )
         shutil.copy(source / "tokenizer.json", fused)
         source = fused
     return source
@@ -81,7 +83,16 @@ def converted(tmp_path_factory) -> dict:
         ckpt, back = root / f"{name}_megatron", root / f"{name}_back"
         done[name] = (source, ckpt, back)
         imports[name] = ["--hf", source, "--out", ckpt, *layout]
-        exports[name] = ["--megatron", ckpt, "--out", back, "--max-shard-size", "64KB", "--verify", "--no-progress"]
+        exports[name] = [
+            "--megatron",
+            ckpt,
+            "--out",
+            back,
+            "--max-shard-size",
+            "64KB",
+            "--verify",
+            "--no-progress",
+        ]
     outputs = {}
     for name in COMMAND_LINE_CASES:
         run([sys.executable, TO_MEGATRON, *imports[name]], timeout_s=300)
@@ -132,8 +143,17 @@ def cross_layout_results(converted, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("cross_layout")
     args = []
     for target, names in CROSS_LAYOUT_LOADS.items():
-        args += [*(["--then"] if args else []), f"--{target[:2]}", target[2:], "--out", root / f"{target}.json",
-                 "--load-megatron", *(converted[n][1] for n in names), "--", *(converted[n][0] for n in names)]
+        args += [
+            *(["--then"] if args else []),
+            f"--{target[:2]}",
+            target[2:],
+            "--out",
+            root / f"{target}.json",
+            "--load-megatron",
+            *(converted[n][1] for n in names),
+            "--",
+            *(converted[n][0] for n in names),
+        ]
     torchrun(LOGITS_JOB, nproc=2, timeout_s=300 * len(CROSS_LAYOUT_LOADS), args=args)
     return {target: json.loads((root / f"{target}.json").read_text()) for target in CROSS_LAYOUT_LOADS}
 
@@ -156,6 +176,7 @@ def _stored_names(model_dir: Path) -> list[str]:
 @pytest.fixture
 def broken_copy(tiny_model_dirs, tmp_path):
     """A function (family, edit) -> a copy of the tiny model whose tensors and config.json `edit` changed."""
+
     def make(family: str, edit) -> Path:
         copy = tmp_path / family
         shutil.copytree(tiny_model_dirs[family], copy)
@@ -165,22 +186,41 @@ def broken_copy(tiny_model_dirs, tmp_path):
         save_file(tensors, copy / "model.safetensors")
         (copy / "config.json").write_text(json.dumps(config))
         return copy
+
     return make
 
 
 BAD_INPUTS = {  # name: (family, edit, words the error must contain)
-    "shape": ("llama", lambda t, c: t.update({"model.layers.1.self_attn.k_proj.weight": torch.zeros(64, 64)}),
-              ["model.layers.1.self_attn.k_proj.weight is (64, 64), expected (32, 64)"]),
-    "missing": ("qwen2_moe", lambda t, c: t.pop("model.layers.0.mlp.experts.3.up_proj.weight"),
-                ["missing tensors", "model.layers.0.mlp.experts.3.up_proj.weight"]),
-    "extra": ("mixtral", lambda t, c: t.update({"model.layers.0.block_sparse_moe.experts.4.w1.weight":
-                                                torch.zeros(128, 64)}),
-              ["does not explain", "model.layers.0.block_sparse_moe.experts.4.w1.weight"]),
-    "config_field": ("qwen3_moe", lambda t, c: c.update(num_hidden_layers=3),
-                     ["missing tensors (21)", "model.layers.2.input_layernorm.weight"]),
-    "architecture": ("llama", lambda t, c: c.update(architectures=["GPT2LMHeadModel"]),
-                     ["'GPT2LMHeadModel' has no model family spec", "MixtralForCausalLM (mixtral)",
-                      "Qwen3MoeForCausalLM (qwen3_moe)", "LlamaForCausalLM (llama)"]),
+    "shape": (
+        "llama",
+        lambda t, c: t.update({"model.layers.1.self_attn.k_proj.weight": torch.zeros(64, 64)}),
+        ["model.layers.1.self_attn.k_proj.weight is (64, 64), expected (32, 64)"],
+    ),
+    "missing": (
+        "qwen2_moe",
+        lambda t, c: t.pop("model.layers.0.mlp.experts.3.up_proj.weight"),
+        ["missing tensors", "model.layers.0.mlp.experts.3.up_proj.weight"],
+    ),
+    "extra": (
+        "mixtral",
+        lambda t, c: t.update({"model.layers.0.block_sparse_moe.experts.4.w1.weight": torch.zeros(128, 64)}),
+        ["does not explain", "model.layers.0.block_sparse_moe.experts.4.w1.weight"],
+    ),
+    "config_field": (
+        "qwen3_moe",
+        lambda t, c: c.update(num_hidden_layers=3),
+        ["missing tensors (21)", "model.layers.2.input_layernorm.weight"],
+    ),
+    "architecture": (
+        "llama",
+        lambda t, c: c.update(architectures=["GPT2LMHeadModel"]),
+        [
+            "'GPT2LMHeadModel' has no model family spec",
+            "MixtralForCausalLM (mixtral)",
+            "Qwen3MoeForCausalLM (qwen3_moe)",
+            "LlamaForCausalLM (llama)",
+        ],
+    ),
     "unmapped_feature": ("qwen2_moe", lambda t, c: c.update(mlp_only_layers=[1]), ["mlp_only_layers=[1]"]),
 }
 
@@ -196,8 +236,21 @@ def test_bad_hf_input_is_rejected_naming_the_fault(broken_copy, case):
 
 def test_tool_exits_with_the_error_before_starting_ranks(broken_copy, tmp_path):
     family, edit, words = BAD_INPUTS["shape"]
-    proc = subprocess.run([sys.executable, TO_MEGATRON, "--hf", broken_copy(family, edit), "--out",
-                           tmp_path / "ckpt", "--tp", "2"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            TO_MEGATRON,
+            "--hf",
+            broken_copy(family, edit),
+            "--out",
+            tmp_path / "ckpt",
+            "--tp",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and words[0] in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "ckpt").exists()
 
@@ -222,8 +275,10 @@ def test_export_memory_stays_near_shard_plus_layer(memory_model, tmp_path):
     result = tmp_path / "memory.json"
     run([sys.executable, MEMORY_JOB, ckpt, tmp_path / "back", str(4 * 2**20), result], timeout_s=300)
     memory = json.loads(result.read_text())
-    print(f"export peak: +{memory['added_peak'] / 2**20:.1f} MiB over {memory['baseline_rss'] / 2**20:.0f} MiB "
-          f"for a {model_bytes / 2**20:.1f} MiB model")
+    print(
+        f"export peak: +{memory['added_peak'] / 2**20:.1f} MiB over {memory['baseline_rss'] / 2**20:.0f} MiB "
+        f"for a {model_bytes / 2**20:.1f} MiB model"
+    )
     assert memory["written_bytes"] == model_bytes
     assert memory["added_peak"] < model_bytes / 2, memory
 
@@ -234,8 +289,10 @@ def test_import_memory_stays_under_twice_the_model(memory_model):
     HF checkpoint as well; dist_checkpointing's save stages part of the state again. Measured: +156 MiB for
     a 91 MiB model, +295 MiB for 182 MiB (1.6-1.7 x)."""
     _, _, model_bytes, memory = memory_model
-    print(f"import peak: +{memory['added_peak'] / 2**20:.1f} MiB over {memory['baseline_rss'] / 2**20:.0f} MiB "
-          f"for a {model_bytes / 2**20:.1f} MiB model")
+    print(
+        f"import peak: +{memory['added_peak'] / 2**20:.1f} MiB over {memory['baseline_rss'] / 2**20:.0f} MiB "
+        f"for a {model_bytes / 2**20:.1f} MiB model"
+    )
     assert memory["added_peak"] < 2 * model_bytes, memory
 
 
@@ -244,33 +301,53 @@ def _edit_source(edit):
         source = json.loads((ckpt / SOURCE_FILE).read_text())
         edit(source)
         (ckpt / SOURCE_FILE).write_text(json.dumps(source))
+
     return apply
 
 
 def _truncate(path: Path) -> None:
     data = path.read_bytes()
-    path.write_bytes(data[:len(data) // 2])
+    path.write_bytes(data[: len(data) // 2])
 
 
 DAMAGED_CHECKPOINTS = {  # name: (edit of a copy of the mistral PP2 checkpoint, words the error must contain)
     "no_source_file": (lambda c: (c / SOURCE_FILE).unlink(), [f"no {SOURCE_FILE}"]),
     "source_not_json": (lambda c: (c / SOURCE_FILE).write_text("{"), [f"{SOURCE_FILE} is not valid JSON"]),
-    "architecture": (_edit_source(lambda s: s["hf_config"].update(architectures=["GPT2LMHeadModel"])),
-                     ["'GPT2LMHeadModel' has no model family spec", "MistralForCausalLM (mistral)",
-                      "Qwen3MoeForCausalLM (qwen3_moe)"]),
-    "layers": (_edit_source(lambda s: s["hf_config"].update(num_hidden_layers=4)),
-               ["stacks 2 decoder layers", "num_hidden_layers=4"]),
-    "ffn": (_edit_source(lambda s: s["hf_config"].update(intermediate_size=96)),
-            ["intermediate_size=96", "decoder.layers.0.mlp.linear_fc1.weight is (256, 64), expected (192, 64)"]),
-    "kv_heads": (_edit_source(lambda s: s["hf_config"].update(num_key_value_heads=4)),
-                 ["num_key_value_heads=4", "decoder.layers.0.self_attention.linear_qkv.weight is (128, 64), "
-                                           "expected (192, 64)"]),
-    "vocab": (_edit_source(lambda s: s["hf_config"].update(vocab_size=1000)),
-              ["vocab_size=1000", "embedding.word_embeddings.weight is (512, 64), expected (1000, 64)"]),
-    "truncated_data": (lambda c: [_truncate(f) for f in c.glob("*.distcp")],
-                       ["missing, truncated or corrupt", "embedding.word_embeddings.weight"]),
-    "missing_data": (lambda c: [f.unlink() for f in c.glob("*.distcp")],
-                     ["missing, truncated or corrupt", "No such file", ".distcp"]),
+    "architecture": (
+        _edit_source(lambda s: s["hf_config"].update(architectures=["GPT2LMHeadModel"])),
+        [
+            "'GPT2LMHeadModel' has no model family spec",
+            "MistralForCausalLM (mistral)",
+            "Qwen3MoeForCausalLM (qwen3_moe)",
+        ],
+    ),
+    "layers": (
+        _edit_source(lambda s: s["hf_config"].update(num_hidden_layers=4)),
+        ["stacks 2 decoder layers", "num_hidden_layers=4"],
+    ),
+    "ffn": (
+        _edit_source(lambda s: s["hf_config"].update(intermediate_size=96)),
+        ["intermediate_size=96", "decoder.layers.0.mlp.linear_fc1.weight is (256, 64), expected (192, 64)"],
+    ),
+    "kv_heads": (
+        _edit_source(lambda s: s["hf_config"].update(num_key_value_heads=4)),
+        [
+            "num_key_value_heads=4",
+            "decoder.layers.0.self_attention.linear_qkv.weight is (128, 64), expected (192, 64)",
+        ],
+    ),
+    "vocab": (
+        _edit_source(lambda s: s["hf_config"].update(vocab_size=1000)),
+        ["vocab_size=1000", "embedding.word_embeddings.weight is (512, 64), expected (1000, 64)"],
+    ),
+    "truncated_data": (
+        lambda c: [_truncate(f) for f in c.glob("*.distcp")],
+        ["missing, truncated or corrupt", "embedding.word_embeddings.weight"],
+    ),
+    "missing_data": (
+        lambda c: [f.unlink() for f in c.glob("*.distcp")],
+        ["missing, truncated or corrupt", "No such file", ".distcp"],
+    ),
     "missing_index": (lambda c: (c / ".metadata").unlink(), ["cannot read the checkpoint index (.metadata)"]),
 }
 
@@ -294,7 +371,11 @@ def test_export_tool_exits_with_the_error(converted, tmp_path):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(converted["mistral_pp2"][1], ckpt)
     DAMAGED_CHECKPOINTS["kv_heads"][0](ckpt)
-    proc = subprocess.run([sys.executable, TO_HF, "--megatron", ckpt, "--out", tmp_path / "hf", "--no-progress"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, TO_HF, "--megatron", ckpt, "--out", tmp_path / "hf", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "convert_megatron_to_hf: " in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and DAMAGED_CHECKPOINTS["kv_heads"][1][1] in proc.stderr

@@ -3,6 +3,7 @@ logits equal transformers' at TP1 and TP2 over 512-token rows (long enough that 
 the same weights with plain rope differ by ~1 in the logits), and rope settings Megatron cannot reproduce are
 rejected naming the field and what is supported.
 """
+
 import json
 from pathlib import Path
 
@@ -41,30 +42,48 @@ def test_llama31_megatron_logits_equal_hf(llama31_dirs, tp, tmp_path):
     for name, result in results.items():
         assert result["roundtrip_exact"], (name, result)
         assert result["max_abs_diff"] <= MAX_ABS_DIFF, (name, tp, result)
-        assert result["unscaled_rope_diff"] > 100 * MAX_ABS_DIFF, f"{name}: rope scaling has no visible effect"
+        assert result["unscaled_rope_diff"] > 100 * MAX_ABS_DIFF, (
+            f"{name}: rope scaling has no visible effect"
+        )
 
 
 def test_released_llama31_config_maps_to_gpt_model_rope_scaling():
     fields = spec_for(LLAMA31_70B).gpt_model_fields(LLAMA31_70B, tp_size=8)
     assert fields["rope_scaling"] is True and fields["rope_scaling_factor"] == 8.0
     assert fields["rotary_base"] == 500000.0
-    llama32 = {**LLAMA31_70B, "rope_scaling": {**LLAMA31_70B["rope_scaling"], "factor": 32.0}}  # Llama 3.2 1B/3B
+    llama32 = {
+        **LLAMA31_70B,
+        "rope_scaling": {**LLAMA31_70B["rope_scaling"], "factor": 32.0},
+    }  # Llama 3.2 1B/3B
     assert spec_for(llama32).gpt_model_fields(llama32, tp_size=1)["rope_scaling_factor"] == 32.0
     plain = {k: v for k, v in LLAMA31_70B.items() if k != "rope_scaling"}
     assert spec_for(plain).gpt_model_fields(plain, tp_size=1)["rope_scaling"] is False
 
 
 UNSUPPORTED = {  # rope_scaling edit: words the error must contain
-    "yarn": ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
-             ["rope scaling 'yarn'", "supported rope types: ['default', 'llama3']"]),
+    "yarn": (
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+        ["rope scaling 'yarn'", "supported rope types: ['default', 'llama3']"],
+    ),
     "linear_old_spelling": ({"type": "linear", "factor": 2.0}, ["rope scaling 'linear'", "'llama3'"]),
-    "llama3_low_freq": ({**LLAMA31_70B["rope_scaling"], "low_freq_factor": 2.0},
-                        ["rope_scaling.low_freq_factor=2.0 is not supported", "low_freq_factor=1.0",
-                         "high_freq_factor=4.0", "original_max_position_embeddings=8192", "any factor"]),
-    "llama3_original_context": ({**LLAMA31_70B["rope_scaling"], "original_max_position_embeddings": 4096},
-                                ["rope_scaling.original_max_position_embeddings=4096 is not supported"]),
-    "llama3_no_factor": ({k: v for k, v in LLAMA31_70B["rope_scaling"].items() if k != "factor"},
-                         ["rope_scaling.factor=None must be a number >= 1"]),
+    "llama3_low_freq": (
+        {**LLAMA31_70B["rope_scaling"], "low_freq_factor": 2.0},
+        [
+            "rope_scaling.low_freq_factor=2.0 is not supported",
+            "low_freq_factor=1.0",
+            "high_freq_factor=4.0",
+            "original_max_position_embeddings=8192",
+            "any factor",
+        ],
+    ),
+    "llama3_original_context": (
+        {**LLAMA31_70B["rope_scaling"], "original_max_position_embeddings": 4096},
+        ["rope_scaling.original_max_position_embeddings=4096 is not supported"],
+    ),
+    "llama3_no_factor": (
+        {k: v for k, v in LLAMA31_70B["rope_scaling"].items() if k != "factor"},
+        ["rope_scaling.factor=None must be a number >= 1"],
+    ),
     "partial_rotary": ({"rope_type": "default", "partial_rotary_factor": 0.5}, ["partial_rotary_factor=0.5"]),
 }
 

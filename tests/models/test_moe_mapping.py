@@ -1,11 +1,17 @@
 """The MoE families' pure mapping: specs and routing config, expert rules, EP/ETP shards, fused expert files."""
+
 import pytest
 import torch
 from safetensors.torch import save_file
 
 from distflow.models import expert_layout, tp_sharding
-from distflow.models.conversion import HFCheckpoint, hf_to_megatron_shard, megatron_full_to_hf, \
-    megatron_shards_to_full, merge_expert_parallel
+from distflow.models.conversion import (
+    HFCheckpoint,
+    hf_to_megatron_shard,
+    megatron_full_to_hf,
+    megatron_shards_to_full,
+    merge_expert_parallel,
+)
 from distflow.models.registry import MOE_FAMILIES, SPECS, spec_for
 
 FC1 = "decoder.layers.{layer}.mlp.experts.local_experts.{e}.linear_fc1.weight"
@@ -18,15 +24,18 @@ def test_registry_lists_the_moe_families():
         spec_for({"architectures": ["DeepseekV3ForCausalLM"]})
 
 
-@pytest.mark.parametrize("family, pre_softmax, shared", [("mixtral", False, None), ("qwen2_moe", True, 128),
-                                                          ("qwen3_moe", False, None)])
+@pytest.mark.parametrize(
+    "family, pre_softmax, shared",
+    [("mixtral", False, None), ("qwen2_moe", True, 128), ("qwen3_moe", False, None)],
+)
 def test_transformer_config_routes_like_hf(tiny_model_dirs, family, pre_softmax, shared):
     from megatron.core.transformer import TransformerConfig
 
     cfg = HFCheckpoint(tiny_model_dirs[family]).config
     spec = spec_for(cfg)
-    config = TransformerConfig(**spec.transformer_config_kwargs(cfg, tensor_model_parallel_size=1,
-                                                                  expert_model_parallel_size=2))
+    config = TransformerConfig(
+        **spec.transformer_config_kwargs(cfg, tensor_model_parallel_size=1, expert_model_parallel_size=2)
+    )
     # Mixtral and norm_topk_prob=True renormalise the top k (= softmax over the top-k logits); Qwen2-MoE
     # (norm_topk_prob=False) keeps the softmax over all experts.
     assert config.moe_router_pre_softmax is pre_softmax and config.moe_router_score_function == "softmax"
@@ -50,12 +59,16 @@ def test_moe_hf_to_megatron_to_hf_is_identity(tiny_model_dirs, family):
     ckpt = HFCheckpoint(tiny_model_dirs[family])
     spec = spec_for(ckpt.config)
     full = hf_to_megatron_shard(spec, ckpt.config, ckpt.get)
-    assert torch.equal(full["decoder.layers.1.mlp.router.weight"],
-                       ckpt.get(f"model.layers.1.{spec.hf_moe_block}.gate.weight"))
+    assert torch.equal(
+        full["decoder.layers.1.mlp.router.weight"],
+        ckpt.get(f"model.layers.1.{spec.hf_moe_block}.gate.weight"),
+    )
     gate, up, down = spec.hf_expert_projections
     expert = f"model.layers.0.{spec.hf_moe_block}.experts.3"
-    assert torch.equal(full[FC1.format(layer=0, e=3)],
-                       torch.cat([ckpt.get(f"{expert}.{gate}.weight"), ckpt.get(f"{expert}.{up}.weight")]))
+    assert torch.equal(
+        full[FC1.format(layer=0, e=3)],
+        torch.cat([ckpt.get(f"{expert}.{gate}.weight"), ckpt.get(f"{expert}.{up}.weight")]),
+    )
     assert ("decoder.layers.0.mlp.shared_experts.gate_weight" in full) is spec.shared_expert
     back = megatron_full_to_hf(spec, ckpt.config, full)
     assert sorted(back) == ckpt.names()
@@ -68,15 +81,29 @@ def test_expert_parallel_shards_hold_contiguous_experts(tiny_model_dirs, tp_size
     spec, cfg = spec_for(ckpt.config), ckpt.config
     full = hf_to_megatron_shard(spec, cfg, ckpt.get)
     ep_size = 2
-    shards = {(ep, tp): hf_to_megatron_shard(spec, cfg, ckpt.get, tp_rank=tp, tp_size=tp_size, ep_rank=ep,
-                                             ep_size=ep_size, etp_rank=tp % etp_size, etp_size=etp_size)
-              for ep in range(ep_size) for tp in range(tp_size)}
+    shards = {
+        (ep, tp): hf_to_megatron_shard(
+            spec,
+            cfg,
+            ckpt.get,
+            tp_rank=tp,
+            tp_size=tp_size,
+            ep_rank=ep,
+            ep_size=ep_size,
+            etp_rank=tp % etp_size,
+            etp_size=etp_size,
+        )
+        for ep in range(ep_size)
+        for tp in range(tp_size)
+    }
     # EP rank 1 holds global experts 2 and 3 as its local experts 0 and 1, split over ETP only.
     rank1 = shards[(1, 0)][FC1.format(layer=0, e=1)]
     assert rank1.shape[0] == full[FC1.format(layer=0, e=3)].shape[0] // etp_size
     assert FC1.format(layer=0, e=2) not in shards[(1, 0)]
     shared = shards[(0, 0)]["decoder.layers.0.mlp.shared_experts.linear_fc1.weight"]
-    assert shared.shape[0] == full["decoder.layers.0.mlp.shared_experts.linear_fc1.weight"].shape[0] // tp_size
+    assert (
+        shared.shape[0] == full["decoder.layers.0.mlp.shared_experts.linear_fc1.weight"].shape[0] // tp_size
+    )
     per_ep = []
     for ep in range(ep_size):
         dense = megatron_shards_to_full([shards[(ep, tp)] for tp in range(tp_size)], cfg["vocab_size"])
@@ -104,8 +131,10 @@ def test_fused_expert_files_read_as_the_released_layout(tiny_model_dirs, fused_d
     per_expert, fused = HFCheckpoint(tiny_model_dirs[family]), HFCheckpoint(fused_dirs[family])
     assert (per_expert.expert_layout, fused.expert_layout) == (expert_layout.PER_EXPERT, expert_layout.FUSED)
     assert fused.names() == per_expert.names()
-    assert all(fused.shape(n) == per_expert.shape(n) and torch.equal(fused.get(n), per_expert.get(n))
-               for n in per_expert.names())
+    assert all(
+        fused.shape(n) == per_expert.shape(n) and torch.equal(fused.get(n), per_expert.get(n))
+        for n in per_expert.names()
+    )
     # and back: fusing the canonical tensors gives the file transformers wrote
     spec = spec_for(fused.config)
     refused = expert_layout.fuse_layer(spec, {n: per_expert.get(n) for n in per_expert.names()})
@@ -120,8 +149,14 @@ def test_fused_reader_slices_one_expert(tmp_path):
     """Expert e's gate/up/down are rows [e, :ffn], [e, ffn:] of gate_up_proj and [e] of down_proj."""
     gate_up = torch.arange(2 * 4 * 3, dtype=torch.float32).reshape(2, 4, 3)  # 2 experts, ffn 2, hidden 3
     down = torch.arange(2 * 3 * 2, dtype=torch.float32).reshape(2, 3, 2)
-    save_file({"model.layers.0.mlp.experts.gate_up_proj": gate_up, "model.layers.0.mlp.experts.down_proj": down,
-               "model.layers.0.mlp.gate.weight": torch.zeros(2, 3)}, tmp_path / "model.safetensors")
+    save_file(
+        {
+            "model.layers.0.mlp.experts.gate_up_proj": gate_up,
+            "model.layers.0.mlp.experts.down_proj": down,
+            "model.layers.0.mlp.gate.weight": torch.zeros(2, 3),
+        },
+        tmp_path / "model.safetensors",
+    )
     (tmp_path / "config.json").write_text('{"architectures": ["MixtralForCausalLM"]}')
     ckpt = HFCheckpoint(tmp_path)
     assert torch.equal(ckpt.get("model.layers.0.block_sparse_moe.experts.1.w1.weight"), gate_up[1, :2])

@@ -6,6 +6,7 @@ padding and more TP ranks than KV heads) at TP1, TP2, PP2 and TP2 x PP2; MoE fam
 qwen3_moe) at those and at EP2, EP2 x TP2 (ETP1) and EP2 x TP2 x ETP2. Each layout loads every family; one
 torchrun per process count runs its layouts in turn (tests/models/jobs/parallel_vs_hf_logits.py).
 """
+
 import json
 from pathlib import Path
 
@@ -51,8 +52,13 @@ def layout_results(model_dirs, tmp_path_factory) -> dict:
         args = []
         for name in layouts:
             _, job_args, models = LAYOUTS[name]
-            args += [*(["--then"] if args else []), *job_args, "--out", root / f"{name}.json",
-                     *(model_dirs[m] for m in models)]
+            args += [
+                *(["--then"] if args else []),
+                *job_args,
+                "--out",
+                root / f"{name}.json",
+                *(model_dirs[m] for m in models),
+            ]
         torchrun(JOB, nproc=nproc, args=args, timeout_s=420 * len(layouts))
         results.update({name: json.loads((root / f"{name}.json").read_text()) for name in layouts})
     return results
@@ -67,5 +73,7 @@ def test_megatron_logits_equal_hf(layout_results, layout):
     diffs = ", ".join(f"{n} {r['max_abs_diff']:.1e}" for n, r in results.items())
     print(f"{layout}: max |Megatron - HF| logit {diffs}")
     for name, result in results.items():
-        assert result["roundtrip_exact"], f"{name} {layout}: gathered Megatron state -> HF differs from the checkpoint"
+        assert result["roundtrip_exact"], (
+            f"{name} {layout}: gathered Megatron state -> HF differs from the checkpoint"
+        )
         assert result["max_abs_diff"] <= MAX_ABS_DIFF, f"{name} {layout}: {result}"

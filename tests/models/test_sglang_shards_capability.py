@@ -1,4 +1,5 @@
 """Which families SGLang takes shards for is a field of the family spec, and the weight sync reads it there."""
+
 import dataclasses
 
 import pytest

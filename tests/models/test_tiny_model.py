@@ -1,4 +1,5 @@
 """Tiny model directories: every family builds, loads in transformers (and SGLang), and is reproducible."""
+
 import json
 import os
 import re
@@ -43,11 +44,16 @@ def test_loads_in_transformers_and_runs_forward(tiny_model_dirs, family):
 def test_architecture_details(tiny_model_dirs):
     """The features each family is chosen to exercise are really in the checkpoint."""
     keys = {family: set(load_file(tiny_model_dirs[family] / "model.safetensors")) for family in FAMILIES}
-    configs = {family: json.loads((tiny_model_dirs[family] / "config.json").read_text()) for family in FAMILIES}
+    configs = {
+        family: json.loads((tiny_model_dirs[family] / "config.json").read_text()) for family in FAMILIES
+    }
     assert "model.layers.0.self_attn.q_proj.bias" in keys["qwen2"]
     assert configs["qwen2"]["tie_word_embeddings"] and "lm_head.weight" not in keys["qwen2"]
     assert "model.layers.0.self_attn.q_norm.weight" in keys["qwen3"]
-    assert configs["qwen3"]["head_dim"] * configs["qwen3"]["num_attention_heads"] != configs["qwen3"]["hidden_size"]
+    assert (
+        configs["qwen3"]["head_dim"] * configs["qwen3"]["num_attention_heads"]
+        != configs["qwen3"]["hidden_size"]
+    )
     assert "model.layers.0.self_attn.q_proj.bias" not in keys["llama"]
     assert "model.layers.1.block_sparse_moe.experts.3.w1.weight" in keys["mixtral"]
     assert "model.layers.0.mlp.shared_expert_gate.weight" in keys["qwen2_moe"]
@@ -59,7 +65,10 @@ def test_architecture_details(tiny_model_dirs):
 def test_same_seed_gives_identical_files(tmp_path, tiny_model_dirs):
     again = make_tiny_model("qwen3", tmp_path / "again")
     other_seed = make_tiny_model("qwen3", tmp_path / "seed1", seed=1)
-    first, second = load_file(tiny_model_dirs["qwen3"] / "model.safetensors"), load_file(again / "model.safetensors")
+    first, second = (
+        load_file(tiny_model_dirs["qwen3"] / "model.safetensors"),
+        load_file(again / "model.safetensors"),
+    )
     assert first.keys() == second.keys()
     assert all(torch.equal(first[k], second[k]) for k in first)
     assert (tiny_model_dirs["qwen3"] / "tokenizer.json").read_text() == (again / "tokenizer.json").read_text()
@@ -78,8 +87,9 @@ def test_tokenizer_round_trips_and_applies_chat_template(tiny_model_dirs, family
         ids = tokenizer(text).input_ids
         assert tokenizer.decode(ids) == text
         assert ids == raw.encode(text).ids, "transformers must tokenize exactly like the trained tokenizer"
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
-                                         tokenize=False)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False
+    )
     assert chat == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token and tokenizer.bos_token
     assert tokenizer.convert_tokens_to_ids("<|im_start|>") != tokenizer.unk_token_id
@@ -108,8 +118,9 @@ def test_sglang_generates(tiny_model_dirs, tmp_path):
             assert not result["ok"] and SGLANG_CPU_MOE_FAILURES[family] in result["error"], result
             continue
         assert result["ok"], f"{family}: {result['error']}"
-        assert result["tokens"] == hf_greedy(tiny_model_dirs[family], result["prompt_ids"], len(result["tokens"])), \
-            f"{family}: SGLang greedy tokens differ from transformers'"
+        assert result["tokens"] == hf_greedy(
+            tiny_model_dirs[family], result["prompt_ids"], len(result["tokens"])
+        ), f"{family}: SGLang greedy tokens differ from transformers'"
 
 
 def run_sglang_generation(model_dirs, results_path: Path) -> dict:
@@ -153,4 +164,4 @@ def hf_greedy(model_dir: Path, prompt_ids: list, new_tokens: int) -> list:
     with torch.no_grad():
         for _ in range(new_tokens):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt_ids):]
+    return ids[len(prompt_ids) :]

@@ -1,22 +1,32 @@
 """The pure HF <-> Megatron mapping: layouts by hand, round trips, TP shards, stage offsets, registry."""
+
 import pytest
 import torch
 
 from distflow.models import tp_sharding, weight_mapping
-from distflow.models.conversion import HFCheckpoint, hf_to_megatron_shard, megatron_full_to_hf, megatron_shards_to_full
+from distflow.models.conversion import (
+    HFCheckpoint,
+    hf_to_megatron_shard,
+    megatron_full_to_hf,
+    megatron_shards_to_full,
+)
 from distflow.models.registry import DENSE_FAMILIES, SPECS, spec_for
 
 
 def test_qkv_interleave_matches_megatron_group_layout():
     # 4 query heads in 2 groups, head_dim 1: rows are labelled by head so the layout is readable.
-    q, k, v = torch.tensor([[0.], [1.], [2.], [3.]]), torch.tensor([[10.], [11.]]), torch.tensor([[20.], [21.]])
+    q, k, v = (
+        torch.tensor([[0.0], [1.0], [2.0], [3.0]]),
+        torch.tensor([[10.0], [11.0]]),
+        torch.tensor([[20.0], [21.0]]),
+    )
     qkv = weight_mapping.interleave_qkv(q, k, v, heads=4, groups=2, head_dim=1)
     assert qkv.flatten().tolist() == [0, 1, 10, 20, 2, 3, 11, 21]
     assert all(torch.equal(a, b) for a, b in zip(weight_mapping.split_qkv(qkv, 4, 2, 1), (q, k, v)))
 
 
 def test_gated_fc1_shards_hold_their_own_gate_and_up_rows():
-    full = torch.arange(8.).reshape(8, 1)  # gate rows 0..3, up rows 4..7
+    full = torch.arange(8.0).reshape(8, 1)  # gate rows 0..3, up rows 4..7
     shards = [tp_sharding.shard("decoder.layers.0.mlp.linear_fc1.weight", full, r, 2) for r in range(2)]
     assert [s.flatten().tolist() for s in shards] == [[0, 1, 4, 5], [2, 3, 6, 7]]
     assert torch.equal(tp_sharding.unshard("decoder.layers.0.mlp.linear_fc1.weight", shards), full)
@@ -46,7 +56,9 @@ def test_tp_shards_reassemble_to_the_full_state(tiny_model_dirs, family, tp_size
     ckpt = HFCheckpoint(tiny_model_dirs[family])
     spec, vocab = spec_for(ckpt.config), ckpt.config["vocab_size"]
     full = hf_to_megatron_shard(spec, ckpt.config, ckpt.get)
-    shards = [hf_to_megatron_shard(spec, ckpt.config, ckpt.get, tp_rank=r, tp_size=tp_size) for r in range(tp_size)]
+    shards = [
+        hf_to_megatron_shard(spec, ckpt.config, ckpt.get, tp_rank=r, tp_size=tp_size) for r in range(tp_size)
+    ]
     padded = tp_sharding.padded_vocab_size(vocab, tp_size)
     assert shards[0]["embedding.word_embeddings.weight"].shape[0] == padded // tp_size
     qkv = shards[0]["decoder.layers.0.self_attention.linear_qkv.weight"]
@@ -60,15 +72,23 @@ def test_tp_shards_reassemble_to_the_full_state(tiny_model_dirs, family, tp_size
 def test_pipeline_stages_cover_the_model_once(tiny_model_dirs, family):
     ckpt = HFCheckpoint(tiny_model_dirs[family])
     spec = spec_for(ckpt.config)
-    first = hf_to_megatron_shard(spec, ckpt.config, ckpt.get, layer_offset=0, num_layers=1, post_process=False)
+    first = hf_to_megatron_shard(
+        spec, ckpt.config, ckpt.get, layer_offset=0, num_layers=1, post_process=False
+    )
     last = hf_to_megatron_shard(spec, ckpt.config, ckpt.get, layer_offset=1, num_layers=1, pre_process=False)
     assert "decoder.layers.1.input_layernorm.weight" not in last, "stage layer indices are local"
-    assert torch.equal(last["decoder.layers.0.mlp.linear_fc2.weight"], ckpt.get("model.layers.1.mlp.down_proj.weight"))
+    assert torch.equal(
+        last["decoder.layers.0.mlp.linear_fc2.weight"], ckpt.get("model.layers.1.mlp.down_proj.weight")
+    )
     # A tied model's last stage has its own output layer, made from the embedding, that HF does not store.
     assert ("output_layer.weight" in last) and torch.equal(
-        last["output_layer.weight"], ckpt.get("lm_head.weight" if family == "llama" else "model.embed_tokens.weight"))
-    back = {**megatron_full_to_hf(spec, ckpt.config, first, layer_offset=0),
-            **megatron_full_to_hf(spec, ckpt.config, last, layer_offset=1)}
+        last["output_layer.weight"],
+        ckpt.get("lm_head.weight" if family == "llama" else "model.embed_tokens.weight"),
+    )
+    back = {
+        **megatron_full_to_hf(spec, ckpt.config, first, layer_offset=0),
+        **megatron_full_to_hf(spec, ckpt.config, last, layer_offset=1),
+    }
     assert sorted(back) == ckpt.names()
     assert all(torch.equal(back[n], ckpt.get(n)) for n in back)
 
@@ -80,7 +100,9 @@ def test_registry_and_transformer_config(tiny_model_dirs):
     with pytest.raises(AssertionError, match="supported"):
         spec_for({"architectures": ["GPT2LMHeadModel"]})
     qwen3 = HFCheckpoint(tiny_model_dirs["qwen3"]).config
-    config = TransformerConfig(**spec_for(qwen3).transformer_config_kwargs(qwen3, tensor_model_parallel_size=1))
+    config = TransformerConfig(
+        **spec_for(qwen3).transformer_config_kwargs(qwen3, tensor_model_parallel_size=1)
+    )
     assert (config.kv_channels, config.num_query_groups, config.qk_layernorm) == (qwen3["head_dim"], 2, True)
     assert config.normalization == "RMSNorm" and config.gated_linear_unit and not config.add_bias_linear
     qwen2 = HFCheckpoint(tiny_model_dirs["qwen2"]).config

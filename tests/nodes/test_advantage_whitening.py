@@ -1,5 +1,6 @@
 """Advantage whitening spans the whole step's batch: split over two ranks, the nodes give what one
 process gives on all of it (GAE over the data-parallel group, REINFORCE++-baseline over the rollout ranks)."""
+
 from pathlib import Path
 
 import pytest

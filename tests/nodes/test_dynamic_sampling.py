@@ -1,5 +1,6 @@
 """DAPO's dynamic sampling (distflow.nodes.dynamic_sampling): the pure pieces, then the collective decision under
 torchrun with uneven kept counts per rank (4 gloo ranks, one of them holding no samples)."""
+
 import json
 import time
 from pathlib import Path
@@ -8,19 +9,29 @@ import pytest
 import torch
 
 from distflow.coordination.data import PackedBatch
-from distflow.nodes.dynamic_sampling import Round, _keep_informative, _RoundIds, dp_unit, groups_to_train, share_out
+from distflow.nodes.dynamic_sampling import (
+    Round,
+    _keep_informative,
+    _RoundIds,
+    dp_unit,
+    groups_to_train,
+    share_out,
+)
 from distflow.testing.launch import JobFailed, torchrun
 
 JOB = Path(__file__).parent / "jobs" / "dynamic_sampling_job.py"
 
 
-@pytest.mark.parametrize("counts, total, quotas", [
-    ([3, 9, 0], 10, [3, 7, 0]),   # the low rank gives all it has, the rest comes from the rich one
-    ([5, 5, 5], 7, [3, 2, 2]),    # even counts: remainder to the lower ranks
-    ([2, 4, 0], 4, [2, 2, 0]),
-    ([1, 1], 10, [1, 1]),         # fewer than asked: everything
-    ([0, 0, 0], 4, [0, 0, 0]),
-])
+@pytest.mark.parametrize(
+    "counts, total, quotas",
+    [
+        ([3, 9, 0], 10, [3, 7, 0]),  # the low rank gives all it has, the rest comes from the rich one
+        ([5, 5, 5], 7, [3, 2, 2]),  # even counts: remainder to the lower ranks
+        ([2, 4, 0], 4, [2, 2, 0]),
+        ([1, 1], 10, [1, 1]),  # fewer than asked: everything
+        ([0, 0, 0], 4, [0, 0, 0]),
+    ],
+)
 def test_share_out_is_as_even_as_the_counts_allow(counts, total, quotas):
     assert share_out(counts, total) == quotas
 
@@ -31,22 +42,34 @@ def test_dp_unit_is_the_fewest_groups_that_split_over_dp(n, dp, unit):
     assert (unit * n) % dp == 0 and all((u * n) % dp for u in range(1, unit))
 
 
-@pytest.mark.parametrize("kept, target, unit, trained", [(12, 10, 1, 10), (10, 10, 2, 10), (6, 100, 4, 4),
-                                                         (3, 100, 4, 0), (0, 8, 1, 0)])
+@pytest.mark.parametrize(
+    "kept, target, unit, trained",
+    [(12, 10, 1, 10), (10, 10, 2, 10), (6, 100, 4, 4), (3, 100, 4, 0), (0, 8, 1, 0)],
+)
 def test_groups_to_train(kept, target, unit, trained):
     assert groups_to_train(kept, target, unit) == trained
 
 
 def _batch(ids, groups, scores):
-    samples = PackedBatch.from_samples(ids, groups, {"input_ids": [torch.arange(3) for _ in ids],
-                                                     "response_mask": [torch.tensor([0., 1., 1.]) for _ in ids]})
-    rewards = PackedBatch(samples.sample_ids, samples.groups, samples.lengths, {"rewards": torch.tensor(scores)})
+    samples = PackedBatch.from_samples(
+        ids,
+        groups,
+        {
+            "input_ids": [torch.arange(3) for _ in ids],
+            "response_mask": [torch.tensor([0.0, 1.0, 1.0]) for _ in ids],
+        },
+    )
+    rewards = PackedBatch(
+        samples.sample_ids, samples.groups, samples.lengths, {"rewards": torch.tensor(scores)}
+    )
     return samples, rewards
 
 
 def test_keep_informative_drops_whole_equal_groups():
     samples, rewards = _batch([0, 1, 2, 3, 4, 5], [7, 7, 8, 8, 9, 9], [0.0, 1.0, 0.5, 0.5, 1.0, 1.0])
-    kept_s, kept_r, n_kept, n_dropped = _keep_informative(Round(samples, rewards, rewards.fields["rewards"]), True)
+    kept_s, kept_r, n_kept, n_dropped = _keep_informative(
+        Round(samples, rewards, rewards.fields["rewards"]), True
+    )
     assert kept_s.sample_ids.tolist() == [0, 1] and kept_r.sample_ids.tolist() == [0, 1]
     assert (n_kept, n_dropped) == (1, 2)
     everything = _keep_informative(Round(samples, rewards, rewards.fields["rewards"]), False)
@@ -58,9 +81,17 @@ def test_later_rounds_get_ids_past_the_earlier_ones():
     base = 2 * stride  # engine 2: the rollout worker numbers from engine * ID_STRIDE each call
     first, _ = _batch([base, base + 1, base + 2, base + 3], [base, base, base + 1, base + 1], [0, 1, 0, 1])
     ids = _RoundIds.after(first, engine_index=2)
-    again_s, again_r = _batch([base, base + 1, base + 2, base + 3], [base, base, base + 1, base + 1], [1, 0, 1, 1])
-    again_s = PackedBatch(again_s.sample_ids, again_s.groups, again_s.lengths, again_s.fields, again_s.row_counts,
-                          infos={base + i: f"info{i}" for i in range(4)})
+    again_s, again_r = _batch(
+        [base, base + 1, base + 2, base + 3], [base, base, base + 1, base + 1], [1, 0, 1, 1]
+    )
+    again_s = PackedBatch(
+        again_s.sample_ids,
+        again_s.groups,
+        again_s.lengths,
+        again_s.fields,
+        again_s.row_counts,
+        infos={base + i: f"info{i}" for i in range(4)},
+    )
     s, r = ids.shift(again_s, again_r)
     assert s.sample_ids.tolist() == [base + 4, base + 5, base + 6, base + 7] == r.sample_ids.tolist()
     assert s.groups.tolist() == [base + 2, base + 2, base + 3, base + 3] == r.groups.tolist()
@@ -130,16 +161,25 @@ def test_nothing_informative_gives_zero_groups_after_every_round(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fail_rank", [0, 2])  # a rank holding samples; the rank that only joins the collective
+@pytest.mark.parametrize(
+    "fail_rank", [0, 2]
+)  # a rank holding samples; the rank that only joins the collective
 def test_a_rank_failing_inside_the_sampling_loop_stops_every_rank_with_its_error(fail_rank):
     # It raises in its draw of round 2 while the other ranks wait in that round's all_reduce.
     start = time.perf_counter()
     with pytest.raises(JobFailed) as err:
-        torchrun(JOB, nproc=3, args=["--scenario", "trim", "--fail-rank", fail_rank, "--fail-attempt", "2"],
-                 timeout_s=200)
+        torchrun(
+            JOB,
+            nproc=3,
+            args=["--scenario", "trim", "--fail-rank", fail_rank, "--fail-attempt", "2"],
+            timeout_s=200,
+        )
     elapsed = time.perf_counter() - start
     text = str(err.value)
-    assert f"rank {fail_rank} failed in node 'dynamic_sampling': ValueError: deliberate failure in round 2" in text
+    assert (
+        f"rank {fail_rank} failed in node 'dynamic_sampling': ValueError: deliberate failure in round 2"
+        in text
+    )
     assert f"stopping: rank {fail_rank} failed" in text  # a waiting rank ended by the signal, with that error
     assert not any(f"rank {r} failed" in text for r in range(3) if r != fail_rank)
     assert elapsed < 120, elapsed  # far below the 300 s collective timeout the others would wait out

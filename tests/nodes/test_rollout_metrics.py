@@ -1,4 +1,5 @@
 """The generate node's metrics on one engine owner: lengths over its samples, and the counts that weight them."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -9,9 +10,18 @@ from distflow.workers.rollout.worker import SampleInfo
 
 
 def test_generate_records_lengths_and_counts():
-    infos = {i: SampleInfo(prompt_len=p, response_ids=[1] * r, finish_reason="stop", data_source="d",
-                           ground_truth="", extra_info={}, weight_version=v)
-             for i, (p, r, v) in enumerate([(3, 8, 2), (5, 2, 2), (4, 5, 1)])}
+    infos = {
+        i: SampleInfo(
+            prompt_len=p,
+            response_ids=[1] * r,
+            finish_reason="stop",
+            data_source="d",
+            ground_truth="",
+            extra_info={},
+            weight_version=v,
+        )
+        for i, (p, r, v) in enumerate([(3, 8, 2), (5, 2, 2), (4, 5, 1)])
+    }
     steps = []
 
     def generate(prompts, eos, step, balance):
@@ -19,14 +29,26 @@ def test_generate_records_lengths_and_counts():
         return SimpleNamespace(num_tokens=27, infos=infos)
 
     engine = SimpleNamespace(weight_version=2, balance_stats=None, generate=generate)
-    ctx = NodeContext(SimpleNamespace(rollout=SimpleNamespace(max_new_tokens=8)), None, 0,
-                      SimpleNamespace(eos_token_id=0), Workers(rollout=engine), step=StepState(7))
+    ctx = NodeContext(
+        SimpleNamespace(rollout=SimpleNamespace(max_new_tokens=8)),
+        None,
+        0,
+        SimpleNamespace(eos_token_id=0),
+        Workers(rollout=engine),
+        step=StepState(7),
+    )
     rollout.generate(ctx, {"prompts": ["a", "b"]})
     assert steps == [7]  # the step number reaches the sampling seeds
     m = ctx.step.metrics
     assert m["rollout/samples"] == 3 and m["rollout/tokens"] == 27 and m["rollout/weight_version"] == 1
-    assert (m["rollout/response_length/mean"], m["rollout/response_length/max"],
-            m["rollout/response_length/min"]) == (5.0, 8.0, 2.0)
+    assert (
+        m["rollout/response_length/mean"],
+        m["rollout/response_length/max"],
+        m["rollout/response_length/min"],
+    ) == (5.0, 8.0, 2.0)
     assert m["rollout/response_length/clip_ratio"] == pytest.approx(1 / 3)
-    assert (m["rollout/prompt_length/mean"], m["rollout/prompt_length/max"], m["rollout/prompt_length/min"]) == \
-        (4.0, 5.0, 3.0)
+    assert (
+        m["rollout/prompt_length/mean"],
+        m["rollout/prompt_length/max"],
+        m["rollout/prompt_length/min"],
+    ) == (4.0, 5.0, 3.0)

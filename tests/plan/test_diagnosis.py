@@ -1,5 +1,6 @@
 """A plan that does not fit exits 1 and names its causes largest first, with remedies not already applied;
 every path `python -m distflow.plan --help` names exists."""
+
 import re
 import subprocess
 import sys
@@ -18,8 +19,15 @@ QWEN7B = str(REPO / "examples" / "model_configs" / "qwen2.5-7b.json")
 
 
 def dry_run(script: Path, *overrides) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "DRY_RUN": "1", "MODEL_PATH": "/nonexistent/model"}
-    return subprocess.run(["bash", str(script), *overrides], env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHON": sys.executable,
+        "DRY_RUN": "1",
+        "MODEL_PATH": "/nonexistent/model",
+    }
+    return subprocess.run(
+        ["bash", str(script), *overrides], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def warnings_of(out: str) -> list[str]:
@@ -34,7 +42,11 @@ def test_72b_at_tp4_exits_1_naming_the_actor_states_first():
     assert warnings and all("does not fit" in w for w in warnings), warnings
     first = warnings[0]
     largest = re.search(r"Largest first: (.+?) ([\d.]+) GiB", first)
-    assert largest and largest.group(1) == "actor states" and float(largest.group(2)) == pytest.approx(114.3, abs=0.2)
+    assert (
+        largest
+        and largest.group(1) == "actor states"
+        and float(largest.group(2)) == pytest.approx(114.3, abs=0.2)
+    )
     assert "raise actor.tp or actor.pp (ref alike)" in first
     assert "optimizer_cpu_offload: true" in first  # not set in the script
     assert "use_distributed_optimizer" not in result.stdout  # already on
@@ -59,11 +71,15 @@ def test_remedies_are_ranked_by_what_they_save_and_skip_what_is_applied(capsys):
     assert main([BASE, "actor.optim.use_distributed_optimizer=false", *args]) == EXIT_DOES_NOT_FIT
     out = capsys.readouterr().out
     train = next(w for w in warnings_of(out) if "phase train_actor" in w)
-    assert "actor.recompute_granularity=full" in train and "actor.optim.use_distributed_optimizer=true" in train
+    assert (
+        "actor.recompute_granularity=full" in train and "actor.optim.use_distributed_optimizer=true" in train
+    )
     for cause in train.split("Largest first: ")[1].split("; "):
         saved = [float(x) for x in re.findall(r"\(-([\d.]+) GiB\)", cause)]
         assert saved == sorted(saved, reverse=True), cause
-    sizes = [float(x) for x in re.findall(r"(?:^|; )[a-z ]+?([\d.]+) GiB \(", train.split("Largest first: ")[1])]
+    sizes = [
+        float(x) for x in re.findall(r"(?:^|; )[a-z ]+?([\d.]+) GiB \(", train.split("Largest first: ")[1])
+    ]
     assert sizes == sorted(sizes, reverse=True), train
     assert main([BASE, "actor.recompute_granularity=full", *args]) == EXIT_DOES_NOT_FIT
     out = capsys.readouterr().out
@@ -73,7 +89,9 @@ def test_remedies_are_ranked_by_what_they_save_and_skip_what_is_applied(capsys):
 def test_optimizer_cpu_offload_leaves_the_gpu(capsys):
     params = ShardParams(dense=1e9, expert=0.0)
     kept = memory.model_state_bytes(params, "bfloat16", True, True, dense_dp=4, expert_dp=1)
-    half = memory.model_state_bytes(params, "bfloat16", True, True, dense_dp=4, expert_dp=1, cpu_offload_fraction=0.5)
+    half = memory.model_state_bytes(
+        params, "bfloat16", True, True, dense_dp=4, expert_dp=1, cpu_offload_fraction=0.5
+    )
     assert kept.optimizer == 12e9 / 4 and half.optimizer == 12e9 / 8 and half.grads == kept.grads
     args = [BASE, "actor.tp=2", "--world-size", "8", "--model-config", QWEN7B]
     main(args)
@@ -85,8 +103,13 @@ def test_optimizer_cpu_offload_leaves_the_gpu(capsys):
 
 
 def test_every_path_the_help_names_exists():
-    result = subprocess.run([sys.executable, "-m", "distflow.plan", "--help"], capture_output=True, text=True,
-                            timeout=120, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-m", "distflow.plan", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stderr
     paths = re.findall(r"\b((?:examples|docs|tools)/[\w./-]+\.(?:yaml|json|sh|md|py))", result.stdout)
     assert paths, result.stdout

@@ -1,4 +1,5 @@
 """The planner's pure estimates against published numbers and hand-computed values."""
+
 import json
 import math
 from pathlib import Path
@@ -17,9 +18,17 @@ def arch(name: str) -> ModelArch:
     return ModelArch.from_json(CONFIGS / f"{name}.json")
 
 
-@pytest.mark.parametrize("name, published_b", [
-    ("qwen2.5-7b", 7.62), ("qwen2.5-32b", 32.8), ("qwen2.5-72b", 72.7), ("llama3.1-70b", 70.6),
-    ("qwen3-30b-a3b", 30.5), ("qwen3-235b-a22b", 235.1)])
+@pytest.mark.parametrize(
+    "name, published_b",
+    [
+        ("qwen2.5-7b", 7.62),
+        ("qwen2.5-32b", 32.8),
+        ("qwen2.5-72b", 72.7),
+        ("llama3.1-70b", 70.6),
+        ("qwen3-30b-a3b", 30.5),
+        ("qwen3-235b-a22b", 235.1),
+    ],
+)
 def test_parameter_counts_match_the_published_sizes(name, published_b):
     assert arch(name).total_params / 1e9 == pytest.approx(published_b, rel=0.01)
 
@@ -63,9 +72,19 @@ def test_activation_formula_reduces_to_korthikanti_et_al():
     """Multi-head attention (g = a, d = h / a) with a GeLU-sized MLP (3f = 8h): the paper's per-layer
     sbh(34 + 5as/h) without its 2sbh of dropout masks and, with flash attention, without the s^2 term."""
     h, a = 96, 8
-    mha = ModelArch(num_layers=2, hidden_size=h, num_heads=a, num_kv_heads=a, head_dim=h // a,
-                    ffn_hidden_size=8 * h // 3, vocab_size=1000)
-    bytes_per_token = lambda **kw: 2 * memory.layer_activation_elements(mha, **kw)
+    mha = ModelArch(
+        num_layers=2,
+        hidden_size=h,
+        num_heads=a,
+        num_kv_heads=a,
+        head_dim=h // a,
+        ffn_hidden_size=8 * h // 3,
+        vocab_size=1000,
+    )
+
+    def bytes_per_token(**kw):
+        return 2 * memory.layer_activation_elements(mha, **kw)
+
     assert bytes_per_token(tp=1, sequence_parallel=False) == 32 * h
     # TP without SP: 10 + 24/t in the paper, 2 of the 10 being dropout masks.
     assert bytes_per_token(tp=4, sequence_parallel=False) == pytest.approx((8 + 24 / 4) * h)
@@ -77,8 +96,19 @@ def test_activation_formula_reduces_to_korthikanti_et_al():
 
 def test_recompute_and_pipeline_in_flight():
     a = arch("qwen2.5-7b")
-    common = dict(tokens=4096, tp=1, pp=4, vpp=1, cp=1, etp=1, sequence_parallel=False, recompute_method=None,
-                  recompute_num_layers=None, micro_batches=16, padded_vocab=152064)
+    common = dict(
+        tokens=4096,
+        tp=1,
+        pp=4,
+        vpp=1,
+        cp=1,
+        etp=1,
+        sequence_parallel=False,
+        recompute_method=None,
+        recompute_num_layers=None,
+        micro_batches=16,
+        padded_vocab=152064,
+    )
     none = memory.activation_bytes(a, recompute=None, stage=0, **common)
     full = memory.activation_bytes(a, recompute="full", stage=0, **common)
     layers = 28 // 4
@@ -135,10 +165,10 @@ def test_reshard_bytes_buckets_and_lower_bound():
     shard = 2 * megatron_shard_params(a, 2, 1, 1, 1, 0, vocab_padding=False).total
     assert est.send_bytes == pytest.approx(shard * 2)  # 8 engines over 4 replicas of each shard
     assert est.recv_bytes == pytest.approx(2 * a.total_params)
-    assert est.model_buckets == math.ceil(2 * a.total_params / 2 ** 29)
-    assert est.sender_buckets == math.ceil(est.send_bytes / 2 ** 29)
+    assert est.model_buckets == math.ceil(2 * a.total_params / 2**29)
+    assert est.sender_buckets == math.ceil(est.send_bytes / 2**29)
     assert est.seconds_lower_bound == pytest.approx(max(est.send_bytes, est.recv_bytes) / 50e9)
     assert est.total_bytes == pytest.approx(8 * 2 * a.total_params)
-    assert est.staging_bytes == 2 * 2 ** 29  # two buckets in flight
-    tiny = estimate_reshard(a, actor, num_engines=8, engine_tp=1, bucket_mb=10 ** 6, bandwidth_gbps=400)
+    assert est.staging_bytes == 2 * 2**29  # two buckets in flight
+    tiny = estimate_reshard(a, actor, num_engines=8, engine_tp=1, bucket_mb=10**6, bandwidth_gbps=400)
     assert tiny.staging_bytes == pytest.approx(2 * est.recv_bytes)  # a bucket never exceeds the rank's slice

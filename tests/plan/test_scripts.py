@@ -1,5 +1,6 @@
 """Every launch script in examples/ passes its dry run at its intended world size, and the memory it prints
 for the 7B and 70B runs agrees with a hand calculation; the SLURM wrapper and the torchrun command line."""
+
 import os
 import re
 import stat
@@ -11,38 +12,97 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
-GiB = 2 ** 30
+GiB = 2**30
 
 # script -> (world size, lines its plan must print, warnings it is expected to print)
 SCRIPTS = {
-    "grpo_qwen2.5_0.5b_1gpu.sh": (1, ["colocated: every rank (0-0)", "actor: tp=1 pp=1 dp=1",
-                                      "rollout: 1 SGLang engine(s) x TP 1", "pipeline grpo"], []),
-    "grpo_qwen2.5_7b_1node.sh": (8, ["colocated: every rank (0-7)", "actor: tp=2 pp=1 dp=4",
-                                     "rollout: 4 SGLang engine(s) x TP 2", "pipeline grpo"], []),
-    "grpo_qwen2.5_7b_disaggregated.sh": (16, ["disaggregated: training ranks 0-7 (node 0), engine ranks 8-15 (node 1)",
-                                              "actor: tp=2 pp=1 dp=4", "rollout: 8 SGLang engine(s) x TP 1"], []),
-    "dapo_qwen2.5_32b_4nodes.sh": (32, ["actor: tp=4 pp=2 dp=4", "ref: off", "pipeline dapo",
-                                        "rollout: 8 SGLang engine(s) x TP 4"], []),
-    "grpo_qwen2.5_72b_8nodes.sh": (64, ["actor: tp=8 pp=2 dp=4", "ref: tp=8 pp=2 dp=4",
-                                        "rollout: 8 SGLang engine(s) x TP 8"], []),
-    "ppo_llama3.1_70b_16nodes.sh": (128, ["actor: tp=8 pp=4 dp=4", "critic: tp=8 pp=4 dp=4", "pipeline ppo",
-                                          "phase train_critic", "rollout: 16 SGLang engine(s) x TP 8"], []),
-    "grpo_qwen3_30b_a3b_2nodes.sh": (16, ["actor: tp=4 pp=1 dp=4 cp=1 ep=8 etp=1", "expert DP 2",
-                                          "rollout: 4 SGLang engine(s) x TP 4"], []),
-    "grpo_qwen3_235b_a22b_16nodes.sh": (128, ["actor: tp=4 pp=2 dp=16 cp=1 ep=64 etp=1",
-                                              "rollout: 8 SGLang engine(s) x TP 16", "an engine spans 2 nodes"], []),
+    "grpo_qwen2.5_0.5b_1gpu.sh": (
+        1,
+        [
+            "colocated: every rank (0-0)",
+            "actor: tp=1 pp=1 dp=1",
+            "rollout: 1 SGLang engine(s) x TP 1",
+            "pipeline grpo",
+        ],
+        [],
+    ),
+    "grpo_qwen2.5_7b_1node.sh": (
+        8,
+        [
+            "colocated: every rank (0-7)",
+            "actor: tp=2 pp=1 dp=4",
+            "rollout: 4 SGLang engine(s) x TP 2",
+            "pipeline grpo",
+        ],
+        [],
+    ),
+    "grpo_qwen2.5_7b_disaggregated.sh": (
+        16,
+        [
+            "disaggregated: training ranks 0-7 (node 0), engine ranks 8-15 (node 1)",
+            "actor: tp=2 pp=1 dp=4",
+            "rollout: 8 SGLang engine(s) x TP 1",
+        ],
+        [],
+    ),
+    "dapo_qwen2.5_32b_4nodes.sh": (
+        32,
+        ["actor: tp=4 pp=2 dp=4", "ref: off", "pipeline dapo", "rollout: 8 SGLang engine(s) x TP 4"],
+        [],
+    ),
+    "grpo_qwen2.5_72b_8nodes.sh": (
+        64,
+        ["actor: tp=8 pp=2 dp=4", "ref: tp=8 pp=2 dp=4", "rollout: 8 SGLang engine(s) x TP 8"],
+        [],
+    ),
+    "ppo_llama3.1_70b_16nodes.sh": (
+        128,
+        [
+            "actor: tp=8 pp=4 dp=4",
+            "critic: tp=8 pp=4 dp=4",
+            "pipeline ppo",
+            "phase train_critic",
+            "rollout: 16 SGLang engine(s) x TP 8",
+        ],
+        [],
+    ),
+    "grpo_qwen3_30b_a3b_2nodes.sh": (
+        16,
+        ["actor: tp=4 pp=1 dp=4 cp=1 ep=8 etp=1", "expert DP 2", "rollout: 4 SGLang engine(s) x TP 4"],
+        [],
+    ),
+    "grpo_qwen3_235b_a22b_16nodes.sh": (
+        128,
+        [
+            "actor: tp=4 pp=2 dp=16 cp=1 ep=64 etp=1",
+            "rollout: 8 SGLang engine(s) x TP 16",
+            "an engine spans 2 nodes",
+        ],
+        [],
+    ),
 }
 GPUS_PER_NODE = {"grpo_qwen2.5_0.5b_1gpu.sh": 1}  # the scripts' default GPUS_PER_NODE where it is not 8
 
 
 def run_script(script: str, extra_env=None, args=(), timeout=300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHON": sys.executable, "DRY_RUN": "1", "MODEL_PATH": "/nonexistent/model",
-           **(extra_env or {})}
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "DRY_RUN": "1",
+        "MODEL_PATH": "/nonexistent/model",
+        **(extra_env or {}),
+    }
     for key in ("NNODES", "NODE_RANK", "GPUS_PER_NODE", "GPU_MEMORY_GB"):
         if key not in (extra_env or {}):
             env.pop(key, None)
-    return subprocess.run(["bash", str(EXAMPLES / script), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd="/")
+    return subprocess.run(
+        ["bash", str(EXAMPLES / script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd="/",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +126,15 @@ def test_dry_run_at_the_intended_world_size(plans, script):
     out = plans[script]
     gpus = GPUS_PER_NODE.get(script, 8)
     assert f"DistFlow plan: world size {world} ({world // gpus} node(s) x {gpus} GPUs)" in out
-    for section in ("== placement and layouts", "== memory per GPU", "phase generate", "phase train_actor",
-                    "== data plan", "== weight sync", "lower bound"):
+    for section in (
+        "== placement and layouts",
+        "== memory per GPU",
+        "phase generate",
+        "phase train_actor",
+        "== data plan",
+        "== weight sync",
+        "lower bound",
+    ):
         assert section in out, f"{script}: no {section!r}"
     for line in lines:
         assert line in out, f"{script}: no {line!r}\n{out}"
@@ -86,23 +153,29 @@ def printed_gib(out: str, role: str) -> dict[str, float]:
 def test_7b_memory_matches_a_hand_calculation(plans):
     """grpo_qwen2.5_7b_1node.sh: Qwen2.5-7B, actor TP 2 x DP 4, 16384-token micro-batches, full recompute, SP."""
     h, L, a, g, d, f, V = 3584, 28, 28, 4, 128, 18944, 152064
-    per_layer = (h * a * d + 2 * h * g * d + a * d * h  # q, k, v, o projections
-                 + (a * d + 2 * g * d)                   # q/k/v biases (Qwen2)
-                 + 3 * h * f                             # SwiGLU MLP: gate, up, down
-                 + 2 * h)                                # two RMSNorms
-    P = L * per_layer + 2 * V * h + h                    # untied embeddings + output layer, final norm
-    assert P == pytest.approx(7.62e9, rel=0.005)         # the published 7.61 B
+    per_layer = (
+        h * a * d
+        + 2 * h * g * d
+        + a * d * h  # q, k, v, o projections
+        + (a * d + 2 * g * d)  # q/k/v biases (Qwen2)
+        + 3 * h * f  # SwiGLU MLP: gate, up, down
+        + 2 * h
+    )  # two RMSNorms
+    P = L * per_layer + 2 * V * h + h  # untied embeddings + output layer, final norm
+    assert P == pytest.approx(7.62e9, rel=0.005)  # the published 7.61 B
     tp, dp = 2, 4
     per_gpu = P / tp
-    hand = {"weights": 2 * per_gpu,                      # bf16
-            "grads": 4 * per_gpu,                        # fp32 gradient buffer
-            "optimizer": 12 * per_gpu / dp}              # fp32 master + Adam m, v, sharded over DP
-    tokens, s = 16384, 1024 + 3072                       # token budget; longest sequence (prompt + response)
-    stored = L * 2 * tokens * h / tp                     # full recompute: each layer's input (SP: / tp)
+    hand = {
+        "weights": 2 * per_gpu,  # bf16
+        "grads": 4 * per_gpu,  # fp32 gradient buffer
+        "optimizer": 12 * per_gpu / dp,
+    }  # fp32 master + Adam m, v, sharded over DP
+    tokens, s = 16384, 1024 + 3072  # token budget; longest sequence (prompt + response)
+    stored = L * 2 * tokens * h / tp  # full recompute: each layer's input (SP: / tp)
     # the layer being recomputed: norm/linear inputs, q k v and attention output, SwiGLU, and the softmax
     # that unfused attention (Megatron's local spec, what the worker builds today) keeps: a*s per token
     one_layer = 2 * tokens * (4 * h + 2 * a * d + 2 * g * d + 3 * f + a * s) / tp
-    logits = 6 * tokens * V / tp                         # bf16 logits + their fp32 copy
+    logits = 6 * tokens * V / tp  # bf16 logits + their fp32 copy
     hand["activations"] = stored + one_layer + logits
     printed = printed_gib(plans["grpo_qwen2.5_7b_1node.sh"], "actor")
     for key, value in hand.items():
@@ -114,11 +187,11 @@ def test_7b_memory_matches_a_hand_calculation(plans):
 def test_70b_memory_matches_a_hand_calculation(plans):
     """ppo_llama3.1_70b_16nodes.sh: Llama-3.1-70B actor and critic at TP 8 x PP 4 x DP 4, reference at TP 8 x PP 4."""
     h, L, a, g, d, f, V = 8192, 80, 64, 8, 128, 28672, 128256
-    per_layer = h * a * d + 2 * h * g * d + a * d * h + 3 * h * f + 2 * h   # no biases in Llama
+    per_layer = h * a * d + 2 * h * g * d + a * d * h + 3 * h * f + 2 * h  # no biases in Llama
     P = L * per_layer + 2 * V * h + h
     assert P == pytest.approx(70.55e9, rel=0.005)
     tp, pp, dp = 8, 4, 4
-    per_gpu = P / (tp * pp)                              # embeddings sit on the first/last stage: a few % more there
+    per_gpu = P / (tp * pp)  # embeddings sit on the first/last stage: a few % more there
     states = 2 * per_gpu + 4 * per_gpu + 12 * per_gpu / dp
     out = plans["ppo_llama3.1_70b_16nodes.sh"]
     for role in ("actor", "critic"):
@@ -149,17 +222,42 @@ def _stub(bin_dir: Path, name: str, body: str) -> None:
 
 def test_torchrun_command_line(tmp_path):
     _stub(tmp_path, "torchrun", 'printf "%s\\n" "$@"\n')
-    env = {"DRY_RUN": "0", "PATH": f"{tmp_path}:{os.environ['PATH']}", "NNODES": "8", "NODE_RANK": "3",
-           "MASTER_ADDR": "node-0", "MASTER_PORT": "29555", "MODEL_PATH": "/models/Qwen2.5-72B",
-           "CKPT_DIR": "/ckpt/run1", "WANDB_RUN": "try1"}
+    env = {
+        "DRY_RUN": "0",
+        "PATH": f"{tmp_path}:{os.environ['PATH']}",
+        "NNODES": "8",
+        "NODE_RANK": "3",
+        "MASTER_ADDR": "node-0",
+        "MASTER_PORT": "29555",
+        "MODEL_PATH": "/models/Qwen2.5-72B",
+        "CKPT_DIR": "/ckpt/run1",
+        "WANDB_RUN": "try1",
+    }
     result = run_script("grpo_qwen2.5_72b_8nodes.sh", env, args=["trainer.total_steps=5"])
     assert result.returncode == 0, result.stderr
     argv = result.stdout.splitlines()
-    assert argv[:10] == ["--nnodes", "8", "--node-rank", "3", "--master-addr", "node-0", "--master-port", "29555",
-                         "--nproc-per-node", "8"]
+    assert argv[:10] == [
+        "--nnodes",
+        "8",
+        "--node-rank",
+        "3",
+        "--master-addr",
+        "node-0",
+        "--master-port",
+        "29555",
+        "--nproc-per-node",
+        "8",
+    ]
     assert argv[10:12] == ["-m", "distflow.train"] and argv[12].endswith("examples/configs/gpu_base.yaml")
-    for item in ("model.path=/models/Qwen2.5-72B", "actor.tp=8", "actor.pp=2", "rollout.engine_tp=8",
-                 "trainer.output_dir=/ckpt/run1", "tracking.run_name=try1", "checkpoint.resume=auto"):
+    for item in (
+        "model.path=/models/Qwen2.5-72B",
+        "actor.tp=8",
+        "actor.pp=2",
+        "rollout.engine_tp=8",
+        "trainer.output_dir=/ckpt/run1",
+        "tracking.run_name=try1",
+        "checkpoint.resume=auto",
+    ):
         assert item in argv
     assert argv[-1] == "trainer.total_steps=5"  # the user's overrides come last and win
 
@@ -167,16 +265,36 @@ def test_torchrun_command_line(tmp_path):
 def test_slurm_wrapper_runs_the_script_once_per_node(tmp_path):
     _stub(tmp_path, "scontrol", 'printf "gpu-a\\ngpu-b\\n"\n')
     # srun: drop its options, then run the command once per node with that node's SLURM_NODEID.
-    _stub(tmp_path, "srun", 'while [[ "$1" == --* ]]; do shift; done\n'
-                            'for ((i = 0; i < SLURM_NNODES; i++)); do SLURM_NODEID=$i "$@" || exit 1; done\n')
-    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "PYTHON": sys.executable, "DRY_RUN": "1",
-           "MODEL_PATH": "/nonexistent/model", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu-[a-b]",
-           "SLURM_JOB_ID": "4242", "SLURM_GPUS_ON_NODE": "8"}
+    _stub(
+        tmp_path,
+        "srun",
+        'while [[ "$1" == --* ]]; do shift; done\n'
+        'for ((i = 0; i < SLURM_NNODES; i++)); do SLURM_NODEID=$i "$@" || exit 1; done\n',
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path}:{os.environ['PATH']}",
+        "PYTHON": sys.executable,
+        "DRY_RUN": "1",
+        "MODEL_PATH": "/nonexistent/model",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "gpu-[a-b]",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_GPUS_ON_NODE": "8",
+    }
     for key in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "GPUS_PER_NODE"):
         env.pop(key, None)
-    result = subprocess.run(["bash", str(EXAMPLES / "slurm" / "sbatch_distflow.sh"),
-                             str(EXAMPLES / "grpo_qwen2.5_7b_disaggregated.sh")], env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [
+            "bash",
+            str(EXAMPLES / "slurm" / "sbatch_distflow.sh"),
+            str(EXAMPLES / "grpo_qwen2.5_7b_disaggregated.sh"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "on 2 node(s) x 8 GPUs, rendezvous gpu-a:24242" in result.stdout
     assert result.stdout.count("DistFlow plan: world size 16 (2 node(s) x 8 GPUs)") == 2

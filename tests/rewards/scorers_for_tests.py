@@ -1,4 +1,5 @@
 """Scorers with known misbehaviour, imported by dotted path in the reward tests (and in the pool's workers)."""
+
 import os
 import time
 

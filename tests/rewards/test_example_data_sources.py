@@ -2,6 +2,7 @@
 TRAIN_FILES / VAL_FILES comment names) and each examples/configs/*.yaml (reward.name, and the data_source of
 the tools/prepare_data.py mode its header comment runs), the reward configuration has a scorer for that
 data_source, and that scorer rewards an answer in the format the data's prompts ask for."""
+
 import re
 from pathlib import Path
 
@@ -13,8 +14,12 @@ from distflow.rewards.registry import BUILTIN_SCORERS, load_scorer, scorer_path
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # tools/prepare_data.py mode -> the data_source it writes (its default)
-PREPARED_SOURCES = {"gsm8k": preparation.GSM8K_SOURCE, "gsm_symbolic": preparation.GSM8K_SOURCE,
-                    "math": preparation.MATH_SOURCE, "copy": preparation.COPY_SOURCE}
+PREPARED_SOURCES = {
+    "gsm8k": preparation.GSM8K_SOURCE,
+    "gsm_symbolic": preparation.GSM8K_SOURCE,
+    "math": preparation.MATH_SOURCE,
+    "copy": preparation.COPY_SOURCE,
+}
 # data_source -> a correct answer in its prompts' format and the ground truth (DAPO's prompts ask for "Answer:")
 FORMATTED_ANSWERS = {
     preparation.GSM8K_SOURCE: ("3 + 4 = 7\n#### 7", "7"),
@@ -31,7 +36,8 @@ def script_settings(path: Path) -> tuple[str, dict[str, str]]:
     assert len(names) == 1, f"{path.name}: expected one reward.name=... line, found {names}"
     sources = dict(re.findall(r"^(TRAIN_FILES|VAL_FILES)=.*#\s*data_source (\S+)", text, re.MULTILINE))
     assert set(sources) == {"TRAIN_FILES", "VAL_FILES"}, (
-        f"{path.name}: TRAIN_FILES and VAL_FILES each need a '# data_source <name>' comment (found {sources})")
+        f"{path.name}: TRAIN_FILES and VAL_FILES each need a '# data_source <name>' comment (found {sources})"
+    )
     return names[0], sources
 
 
@@ -46,16 +52,19 @@ def config_settings(path: Path) -> tuple[str, dict[str, str]]:
 
 
 SCRIPTS = sorted(EXAMPLES.glob("*.sh"))
-CONFIGS = [p for p in sorted((EXAMPLES / "configs").glob("*.yaml")) if "data" in yaml.safe_load(p.read_text())]
+CONFIGS = [
+    p for p in sorted((EXAMPLES / "configs").glob("*.yaml")) if "data" in yaml.safe_load(p.read_text())
+]
 
 
 def check_scored(where: str, name: str, sources: dict[str, str]) -> None:
     for files, source in sources.items():
-        path = scorer_path(name, None, source)   # raises ScorerError: no scorer for this data_source
+        path = scorer_path(name, None, source)  # raises ScorerError: no scorer for this data_source
         response, truth = FORMATTED_ANSWERS[source]
         assert load_scorer(path)(response, truth, None, data_source=source, ended_with_eos=True) == 1.0, (
             f"{where}: {files} (data_source {source}) is scored by {path}, which does not reward an answer in "
-            f"the format its prompts ask for: {response!r}")
+            f"the format its prompts ask for: {response!r}"
+        )
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -73,5 +82,8 @@ def test_every_config_scores_its_prepared_data(config):
 
 def test_the_dapo_scripts_are_covered():
     dapo = [s.name for s in SCRIPTS if script_settings(s)[1]["TRAIN_FILES"] == "math_dapo"]
-    assert sorted(dapo) == ["dapo_qwen2.5_32b_4nodes.sh", "grpo_qwen3_235b_a22b_16nodes.sh",
-                            "grpo_qwen3_30b_a3b_2nodes.sh"]
+    assert sorted(dapo) == [
+        "dapo_qwen2.5_32b_4nodes.sh",
+        "grpo_qwen3_235b_a22b_16nodes.sh",
+        "grpo_qwen3_30b_a3b_2nodes.sh",
+    ]

@@ -1,5 +1,6 @@
 """reward.custom as 'path/to/file.py:function' (verl's custom_reward_function.path): loaded in this process
 and, by the same string, in the scorer worker processes."""
+
 import os
 
 import pytest
@@ -7,9 +8,11 @@ import pytest
 from distflow.config.dotted_path import load_callable
 from distflow.rewards import RewardPool, RewardSample
 
-SCORER = ("import os\n"
-          "def score(solution_str, ground_truth, extra_info=None):\n"
-          "    return float(solution_str == ground_truth) + (0.5 if os.getpid() != {parent} else 0.0)\n")
+SCORER = (
+    "import os\n"
+    "def score(solution_str, ground_truth, extra_info=None):\n"
+    "    return float(solution_str == ground_truth) + (0.5 if os.getpid() != {parent} else 0.0)\n"
+)
 
 
 @pytest.fixture
@@ -33,10 +36,13 @@ def test_relative_file_path_and_loaded_once(scorer_file, monkeypatch):
     assert load_callable(f"{scorer_file}:score", "reward.custom") is first  # one module per file
 
 
-@pytest.mark.parametrize("text, message", [
-    ("def other(): pass\n", "has no function 'score'"),
-    ("raise RuntimeError('broken at import')\n", "importing .* failed: RuntimeError: broken at import"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("def other(): pass\n", "has no function 'score'"),
+        ("raise RuntimeError('broken at import')\n", "importing .* failed: RuntimeError: broken at import"),
+    ],
+)
 def test_bad_file_names_what_went_wrong(tmp_path, text, message):
     path = tmp_path / f"bad_{abs(hash(text))}.py"
     path.write_text(text)

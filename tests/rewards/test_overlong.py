@@ -1,4 +1,5 @@
 """DAPO's overlong reward shaping on a batch (distflow.rewards.overlong), against hand-computed values."""
+
 import pytest
 import torch
 
@@ -9,10 +10,14 @@ from distflow.rewards.overlong import response_lengths, shape_overlong
 def _batch(prompt_lens, response_lens, rewards):
     masks = [torch.cat([torch.zeros(p), torch.ones(r)]) for p, r in zip(prompt_lens, response_lens)]
     ids = list(range(10, 10 + len(masks)))
-    samples = PackedBatch.from_samples(ids, [0] * len(ids), {"input_ids": [torch.zeros(len(m), dtype=torch.long)
-                                                                           for m in masks], "response_mask": masks})
-    return samples, PackedBatch(samples.sample_ids, samples.groups, samples.lengths,
-                                {"rewards": torch.tensor(rewards)})
+    samples = PackedBatch.from_samples(
+        ids,
+        [0] * len(ids),
+        {"input_ids": [torch.zeros(len(m), dtype=torch.long) for m in masks], "response_mask": masks},
+    )
+    return samples, PackedBatch(
+        samples.sample_ids, samples.groups, samples.lengths, {"rewards": torch.tensor(rewards)}
+    )
 
 
 def test_response_lengths_come_from_the_mask():

@@ -1,4 +1,5 @@
 """Shared fixtures for the rollout tests: one tiny Qwen2 checkpoint per session."""
+
 import pytest
 
 from distflow.models.tiny import make_tiny_model

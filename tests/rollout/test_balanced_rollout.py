@@ -1,6 +1,7 @@
 """Rollout balancing with two real SGLang CPU engines (2 colocated ranks, engine_tp=1): with engine 1 slowed
 by the fault hook, engine 0 generates engine 1's chunks, and every sample still comes back to its home rank
 with the ids, groups, tokens and log-probs that balance=partition gives on the same seeds."""
+
 from pathlib import Path
 
 import pytest

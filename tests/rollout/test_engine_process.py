@@ -1,6 +1,7 @@
 """The process hygiene around an engine start (distflow/workers/rollout/engine_process.py), without an engine:
 output redirection into the engine's log, the caller's environment and root logger given back, the start-up
 deadline killing only what the start spawned, and SIGQUIT only logged."""
+
 import logging
 import os
 import subprocess
@@ -16,8 +17,10 @@ def test_child_output_goes_to_the_log_and_the_callers_comes_back(tmp_path, capfd
     log = engine_process.new_log_file(tmp_path / "logs" / "engine.log")
     assert log.parent.is_dir()
     with engine_process.output_to(log):
-        subprocess.run([sys.executable, "-c", "import sys; print('to-stdout'); print('to-stderr', file=sys.stderr)"],
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-c", "import sys; print('to-stdout'); print('to-stderr', file=sys.stderr)"],
+            check=True,
+        )
     os.write(1, b"after\n")
     assert log.read_text().split() == ["to-stdout", "to-stderr"]
     assert "after" in capfd.readouterr().out
@@ -48,7 +51,9 @@ def test_startup_deadline_kills_only_the_processes_the_start_spawned():
         with engine_process.StartupGuard("tiny-model", timeout_s=1.0) as guard:
             tic = time.monotonic()
             hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-            hung.wait(timeout=30)  # killed by the guard past its deadline (and reaped by psutil: no status here)
+            hung.wait(
+                timeout=30
+            )  # killed by the guard past its deadline (and reaped by psutil: no status here)
             assert time.monotonic() - tic < 30
         assert guard.timed_out and not psutil.pid_exists(hung.pid)
         assert "did not become ready within 1 s (startup_timeout_s)" in guard.describe_failure(TimeoutError())
@@ -74,7 +79,9 @@ def test_sigquit_is_only_logged(caplog):
         with engine_process.StartupGuard("tiny-model", timeout_s=30):
             engine_process.on_engine_sigquit(3, None)
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
-        "SIGQUIT from an SGLang engine process", "an SGLang engine process failed during start-up"]
+        "SIGQUIT from an SGLang engine process",
+        "an SGLang engine process failed during start-up",
+    ]
 
 
 def test_kill_waits_for_the_processes():

@@ -4,10 +4,11 @@ One engine serves the whole module (each start costs 10-25 s); tests that need a
 TP=2, inside torchrun, a failing start) start it beside this one, which also checks that stopping one
 engine leaves the other running.
 """
+
 import json
 import math
-import re
 import os
+import re
 import shutil
 import threading
 import time
@@ -115,10 +116,11 @@ def test_stop_token_ends_the_response(started):
     (reference,) = greedy(started["engine"], PROMPTS[:1])
     stop = reference.response_ids[2]
     cut = reference.response_ids.index(stop)
-    (stopped,) = generate(started["engine"], PROMPTS[:1], temperature=0.0, max_new_tokens=GREEDY_TOKENS,
-                          stop_token_ids=[stop])
+    (stopped,) = generate(
+        started["engine"], PROMPTS[:1], temperature=0.0, max_new_tokens=GREEDY_TOKENS, stop_token_ids=[stop]
+    )
     assert stopped.finish_reason == "stop"
-    assert stopped.response_ids == reference.response_ids[:cut + 1]
+    assert stopped.response_ids == reference.response_ids[: cut + 1]
 
 
 def test_stop_string_ends_the_response_and_keeps_its_tokens(started, tiny_qwen2):
@@ -128,13 +130,17 @@ def test_stop_string_ends_the_response_and_keeps_its_tokens(started, tiny_qwen2)
     (reference,) = greedy(started["engine"], PROMPTS[:1])
     ids = reference.response_ids
     # The first token whose text does not occur in the text before it: generation must stop right there.
-    cut, text = next((i, t) for i in range(1, len(ids))
-                     if (t := tokenizer.decode([ids[i]]).strip()) and t not in tokenizer.decode(ids[:i]))
-    (stopped,) = generate(started["engine"], PROMPTS[:1], temperature=0.0, max_new_tokens=GREEDY_TOKENS,
-                          stop=[text])
+    cut, text = next(
+        (i, t)
+        for i in range(1, len(ids))
+        if (t := tokenizer.decode([ids[i]]).strip()) and t not in tokenizer.decode(ids[:i])
+    )
+    (stopped,) = generate(
+        started["engine"], PROMPTS[:1], temperature=0.0, max_new_tokens=GREEDY_TOKENS, stop=[text]
+    )
     assert stopped.finish_reason == "stop", (text, ids, stopped.response_ids)
-    assert stopped.response_ids == ids[:cut + 1], (text, ids)
-    assert stopped.logprobs == pytest.approx(reference.logprobs[:cut + 1], abs=1e-5)
+    assert stopped.response_ids == ids[: cut + 1], (text, ids)
+    assert stopped.logprobs == pytest.approx(reference.logprobs[: cut + 1], abs=1e-5)
 
 
 def test_weight_updates_change_and_restore_the_output(started, tiny_qwen2):
@@ -265,8 +271,9 @@ def test_claimed_chunks_run_concurrently_and_match_one_call(started):
     chunks = split_into_chunks(0, [len(p) for p in prompts], 1, GREEDY_TOKENS, chunk_prompts=1)
     board.publish(chunks, prompts)
     engine.flush_cache()
-    run = generate_claimed_chunks(engine, board, None, budget_tokens=10**6, n=1, temperature=0.0,
-                                  max_new_tokens=GREEDY_TOKENS)
+    run = generate_claimed_chunks(
+        engine, board, None, budget_tokens=10**6, n=1, temperature=0.0, max_new_tokens=GREEDY_TOKENS
+    )
     assert run.peak_in_flight == 3
     assert sorted((c.index, c.first_prompt) for c in run.generated) == [(0, 0), (1, 1), (2, 2)]
     samples = [s for c in chunks for s in run.generated[c]]

@@ -1,10 +1,17 @@
 """Work stealing's pure parts (chunking, whom to steal from) and its store protocol on an in-process c10d
 HashStore (two boards in one process; the multi-process run with real engines is test_balanced_rollout.py)."""
+
 import pytest
 from torch.distributed import HashStore
 
-from distflow.workers.rollout.work_stealing import (SLOW_CLAIMS_ENV, Chunk, StoreBoard, choose_home, slow_claims_of,
-                                                    split_into_chunks)
+from distflow.workers.rollout.work_stealing import (
+    SLOW_CLAIMS_ENV,
+    Chunk,
+    StoreBoard,
+    choose_home,
+    slow_claims_of,
+    split_into_chunks,
+)
 
 
 def test_chunks_keep_consecutive_prompts_and_estimate_tokens():
@@ -50,7 +57,11 @@ def test_store_board_steals_and_sends_results_home():
     while (claim := boards[0].claim()) is not None:
         taken.append(claim)
     assert [(c.home, c.index, c.first_prompt, p) for c, p in taken] == [
-        (0, 0, 0, [[1]]), (0, 1, 1, [[2]]), (1, 1, 1, [[4]]), (1, 2, 2, [[5]])]
+        (0, 0, 0, [[1]]),
+        (0, 1, 1, [[2]]),
+        (1, 1, 1, [[4]]),
+        (1, 2, 2, [[5]]),
+    ]
     assert boards[1].claim() is None
     # "samples" stand in as strings: the board moves whatever the generator returned
     generated0 = {c: [f"sample of {c.home}/{c.index}"] for c, _ in taken}

@@ -1,4 +1,5 @@
 """The verl alias table: one verl name per DistFlow name, no clash with a DistFlow name, all documented."""
+
 from pathlib import Path
 
 from distflow.tracking.aliases import TIMING_ALIASES, VERL_ALIASES, alias, rename
@@ -18,4 +19,7 @@ def test_aliases_are_one_to_one_and_documented():
 def test_rename():
     assert alias("timing_s/my_node", "verl") == "timing_s/my_node"  # a user node keeps its id
     assert alias("reward/mean", "distflow") == "reward/mean"
-    assert rename({"reward/min": 0.0, "sync/seconds": 1.0}, "verl") == {"critic/score/min": 0.0, "sync/seconds": 1.0}
+    assert rename({"reward/min": 0.0, "sync/seconds": 1.0}, "verl") == {
+        "critic/score/min": 0.0,
+        "sync/seconds": 1.0,
+    }

@@ -1,4 +1,5 @@
 """perf/mfu/actor's arithmetic against a hand count, GPU peaks by name, memory metrics on CPU."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -13,8 +14,9 @@ def test_peak_by_device_name():
 
 
 def test_actor_mfu_hand_count():
-    arch = SimpleNamespace(active_params=1000, embedding_params=100, tie_embeddings=False, num_layers=2,
-                           num_heads=2, head_dim=4)
+    arch = SimpleNamespace(
+        active_params=1000, embedding_params=100, tie_embeddings=False, num_layers=2, num_heads=2, head_dim=4
+    )
     m = ActorMFU(arch, peak=1e6, gpus=2, epochs=2)
     # 10 samples of 20 tokens: per token 6 x 900 + 12 x 2 layers x 8 width x 20 = 9240 FLOPs.
     got = m.metrics({"rollout/tokens": 200, "rollout/samples": 10, "timing_s/train_actor": 4.0})

@@ -1,4 +1,5 @@
 """trainer.profile_steps: a Chrome trace (JSON) per profiled step and rank, nothing for the other steps."""
+
 import json
 
 import torch
@@ -16,7 +17,9 @@ def test_profiles_only_the_listed_steps(tmp_path):
     assert [t.name.split(".")[0] for t in traces] == ["rank1_step2", "rank1_step4"]
     assert all(t.parent == tmp_path / "profile" / "rank1" for t in traces)
     events = json.loads(traces[0].read_text())["traceEvents"]
-    assert any(e.get("name") in ("aten::mm", "aten::matmul") for e in events), sorted({e.get("name") for e in events})
+    assert any(e.get("name") in ("aten::mm", "aten::matmul") for e in events), sorted(
+        {e.get("name") for e in events}
+    )
 
 
 def test_no_steps_no_folder(tmp_path):

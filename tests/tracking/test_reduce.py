@@ -1,4 +1,5 @@
 """Metric reductions over ranks: max/min as max/min, counts summed, per-rank means weighted by sample counts."""
+
 import json
 from pathlib import Path
 
@@ -24,11 +25,27 @@ def test_reduction_table():
 
 
 def test_reduce_metrics_unequal_ranks():
-    per_rank = [{"reward/mean": 0.2, "reward/samples": 3, "reward/max": 0.5, "reward/min": 0.0, "rollout/tokens": 120,
-                 "reward/errors": 1, "actor/pg_loss": 0.5},
-                {"reward/mean": 1.0, "reward/samples": 1, "reward/max": 1.0, "reward/min": 1.0, "rollout/tokens": 40,
-                 "reward/errors": 2, "actor/pg_loss": 0.5},
-                {"actor/pg_loss": 0.5}]  # a training-only rank: no rollout metrics
+    per_rank = [
+        {
+            "reward/mean": 0.2,
+            "reward/samples": 3,
+            "reward/max": 0.5,
+            "reward/min": 0.0,
+            "rollout/tokens": 120,
+            "reward/errors": 1,
+            "actor/pg_loss": 0.5,
+        },
+        {
+            "reward/mean": 1.0,
+            "reward/samples": 1,
+            "reward/max": 1.0,
+            "reward/min": 1.0,
+            "rollout/tokens": 40,
+            "reward/errors": 2,
+            "actor/pg_loss": 0.5,
+        },
+        {"actor/pg_loss": 0.5},
+    ]  # a training-only rank: no rollout metrics
     out = reduce_metrics(per_rank)
     assert out["reward/mean"] == pytest.approx((0.2 * 3 + 1.0) / 4)  # not (0.2 + 1.0) / 2
     assert out["reward/max"] == 1.0 and out["reward/min"] == 0.0

@@ -1,5 +1,6 @@
 """tools/summarize_run.py, what the main job prints after training: the curve of any run, and a clear line
 (not an IndexError) for a run that logged no step, such as a finished run resumed with nothing to train."""
+
 import json
 import subprocess
 import sys
@@ -9,8 +10,9 @@ TOOL = Path(__file__).parents[2] / "tools" / "summarize_run.py"
 
 
 def _summarize(run_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(TOOL), str(run_dir), "--every", "2"], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, str(TOOL), str(run_dir), "--every", "2"], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_prints_reward_held_out_and_entropy(tmp_path):

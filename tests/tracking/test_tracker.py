@@ -1,4 +1,5 @@
 """Tracker: JSONL written and appended on resume, W&B offline run dir, TensorBoard events, rank 0 only."""
+
 import json
 import runpy
 from pathlib import Path
@@ -22,7 +23,7 @@ def test_jsonl_and_resume_appends(tmp_path, capsys):
         run_id = t.run_id
         for step in (1, 2, 3):
             t.log({"reward/mean": step / 10, "perf/throughput": 100 * step, "actor/grad_norm": 1.0}, step)
-            assert len(records(tmp_path)) == step       # flushed at every step
+            assert len(records(tmp_path)) == step  # flushed at every step
     assert "step 3 | reward/mean 0.3 | perf/throughput 300 (+1 more)" in capsys.readouterr().out
     assert len(run_id) == 8
     # Crash after step 3, resumed from the checkpoint of step 2: step 3 is logged again, once.
@@ -30,7 +31,12 @@ def test_jsonl_and_resume_appends(tmp_path, capsys):
         assert t.run_id == run_id
         t.log({"reward/mean": 0.33}, 3)
         t.log({"reward/mean": 0.4}, 4)
-    assert [(r["step"], r["reward/mean"]) for r in records(tmp_path)] == [(1, 0.1), (2, 0.2), (3, 0.33), (4, 0.4)]
+    assert [(r["step"], r["reward/mean"]) for r in records(tmp_path)] == [
+        (1, 0.1),
+        (2, 0.2),
+        (3, 0.33),
+        (4, 0.4),
+    ]
 
 
 def test_torn_line_and_conversions(tmp_path):
@@ -39,8 +45,10 @@ def test_torn_line_and_conversions(tmp_path):
         t.log({"reward/mean": float("nan"), "data/epoch": True}, 2)
         with pytest.raises(TypeError, match="'reward/name' is str"):
             t.log({"reward/name": "x"}, 3)
-    assert records(tmp_path) == [{"step": 1, "reward/mean": 0.5},
-                                 {**records(tmp_path)[1], "step": 2, "reward/mean": None, "data/epoch": 1}]
+    assert records(tmp_path) == [
+        {"step": 1, "reward/mean": 0.5},
+        {**records(tmp_path)[1], "step": 2, "reward/mean": None, "data/epoch": 1},
+    ]
 
 
 def test_other_ranks_do_nothing(tmp_path):
@@ -57,8 +65,9 @@ def test_wandb_offline_run_dir_and_resume(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     assert wandb_mode("auto") == "online" and wandb_mode("offline") == "offline"
     # As after a resume: the run id comes from the checkpoint and W&B continues that run (resume="allow").
-    with Tracker(config("wandb", mode="offline"), tmp_path, run_id="resumed1", resume_step=4,
-                 config={"lr": 1e-6}) as t:
+    with Tracker(
+        config("wandb", mode="offline"), tmp_path, run_id="resumed1", resume_step=4, config={"lr": 1e-6}
+    ) as t:
         t.log({"reward/mean": 0.5}, 5)
         assert t.run_id == "resumed1"
     runs = list((tmp_path / "wandb").glob("offline-run-*-resumed1"))
@@ -76,14 +85,30 @@ def test_plot_metrics(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     with Tracker(config("jsonl"), tmp_path) as t:
         for step in range(1, 6):
-            t.log({"reward/mean": step / 5, "val/reward/mean": step / 6, "val/openai/gsm8k/reward/mean": step / 7,
-                   "val/openai/gsm8k/accuracy": step / 10, "rollout/response_length/mean": 10.0 + step,
-                   "rollout/response_length/max": 20, "actor/kl_loss": 0.01 * step, "actor/entropy": 2.0 - step / 10,
-                   "perf/throughput": 1e3}, step)
+            t.log(
+                {
+                    "reward/mean": step / 5,
+                    "val/reward/mean": step / 6,
+                    "val/openai/gsm8k/reward/mean": step / 7,
+                    "val/openai/gsm8k/accuracy": step / 10,
+                    "rollout/response_length/mean": 10.0 + step,
+                    "rollout/response_length/max": 20,
+                    "actor/kl_loss": 0.01 * step,
+                    "actor/entropy": 2.0 - step / 10,
+                    "perf/throughput": 1e3,
+                },
+                step,
+            )
     main = runpy.run_path(str(Path(__file__).parents[2] / "tools" / "plot_metrics.py"))["main"]
     written = main([str(tmp_path)])
-    assert sorted(p.name for p in written) == ["accuracy.png", "entropy.png", "kl.png", "response_length.png",
-                                               "reward.png", "throughput.png"]
+    assert sorted(p.name for p in written) == [
+        "accuracy.png",
+        "entropy.png",
+        "kl.png",
+        "response_length.png",
+        "reward.png",
+        "throughput.png",
+    ]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in written)
     assert str(tmp_path / "plots" / "reward.png") in capsys.readouterr().out
 
@@ -105,16 +130,37 @@ def test_verl_metric_names(tmp_path, capsys):
     cfg = config("console", "jsonl")
     cfg.metric_names = "verl"
     with Tracker(cfg, tmp_path) as t:
-        t.log({"reward/mean": 0.5, "reward/max": 1.0, "reward/shaped/mean": 0.4, "advantage/min": -1.0,
-               "rollout/response_length/clip_ratio": 0.1, "rollout/prompt_length/mean": 12.0,
-               "timing_s/generate": 2.0, "timing_s/train_actor": 3.0, "timing_s/step": 6.0,
-               "actor/pg_clipfrac": 0.2, "val/openai/gsm8k/reward/mean": 0.3}, 1)
+        t.log(
+            {
+                "reward/mean": 0.5,
+                "reward/max": 1.0,
+                "reward/shaped/mean": 0.4,
+                "advantage/min": -1.0,
+                "rollout/response_length/clip_ratio": 0.1,
+                "rollout/prompt_length/mean": 12.0,
+                "timing_s/generate": 2.0,
+                "timing_s/train_actor": 3.0,
+                "timing_s/step": 6.0,
+                "actor/pg_clipfrac": 0.2,
+                "val/openai/gsm8k/reward/mean": 0.3,
+            },
+            1,
+        )
     (row,) = records(tmp_path)
     assert {k: v for k, v in row.items() if k != "time"} == {
-        "step": 1, "critic/score/mean": 0.5, "critic/score/max": 1.0, "critic/rewards/mean": 0.4,
-        "critic/advantages/min": -1.0, "response_length/clip_ratio": 0.1, "prompt_length/mean": 12.0,
-        "timing_s/gen": 2.0, "timing_s/update_actor": 3.0, "timing_s/step": 6.0, "actor/pg_clipfrac": 0.2,
-        "val/openai/gsm8k/reward/mean": 0.3}
+        "step": 1,
+        "critic/score/mean": 0.5,
+        "critic/score/max": 1.0,
+        "critic/rewards/mean": 0.4,
+        "critic/advantages/min": -1.0,
+        "response_length/clip_ratio": 0.1,
+        "prompt_length/mean": 12.0,
+        "timing_s/gen": 2.0,
+        "timing_s/update_actor": 3.0,
+        "timing_s/step": 6.0,
+        "actor/pg_clipfrac": 0.2,
+        "val/openai/gsm8k/reward/mean": 0.3,
+    }
     assert "critic/score/mean 0.5" in capsys.readouterr().out  # the console follows the scheme
     cfg.metric_names = "megatron"
     with pytest.raises(ValueError, match="metric_names='megatron'; choose from distflow, verl"):
@@ -123,8 +169,16 @@ def test_verl_metric_names(tmp_path, capsys):
 
 def test_samples_table_in_jsonl_and_wandb(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
-    rows = [{"data_source": "openai/gsm8k", "prompt": "1+1?", "response": "2", "ground_truth": "2", "reward": 1.0},
-            {"data_source": "copy", "prompt": "abc", "response": "ab|c\nd", "ground_truth": "abc", "reward": 0.0}]
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": "1+1?",
+            "response": "2",
+            "ground_truth": "2",
+            "reward": 1.0,
+        },
+        {"data_source": "copy", "prompt": "abc", "response": "ab|c\nd", "ground_truth": "abc", "reward": 0.0},
+    ]
     with Tracker(config("jsonl", "wandb"), tmp_path, run_id="tables01") as t:
         t.log_samples(rows, 1)
         t.log({"val/reward/mean": 0.5}, 1)
@@ -132,7 +186,7 @@ def test_samples_table_in_jsonl_and_wandb(tmp_path, monkeypatch):
             t.log_samples([rows[0], {"prompt": "x"}], 2)
     lines = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert lines == [{"step": 1, "table": "val/samples", **row} for row in rows]
-    run_dir, = (tmp_path / "wandb").glob("offline-run-*-tables01")
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*-tables01")
     tables = list(run_dir.rglob("media/table/val/samples_*.table.json"))
     assert tables, sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
     table = json.loads(tables[0].read_text())
@@ -147,6 +201,8 @@ def test_tensorboard_config_and_samples_text(tmp_path):
         t.log_samples([{"prompt": "p", "response": "a|b", "reward": 1.0}], 1)
         t.log({"reward/mean": 0.5}, 1)
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0}).Reload()
-    text = {tag: events.Tensors(tag)[0].tensor_proto.string_val[0].decode() for tag in events.Tags()["tensors"]}
+    text = {
+        tag: events.Tensors(tag)[0].tensor_proto.string_val[0].decode() for tag in events.Tags()["tensors"]
+    }
     assert '"lr": 1e-06' in text["config/text_summary"]
     assert "| p | a\\|b | 1.0 |" in text["val/samples/text_summary"]

@@ -13,19 +13,54 @@ Typical use on every rank of a DAG node's edge:
     batch = handle.wait()                                # this rank's samples, sorted by sample id
     micro = handle.plan.micro_batches(rank, max_tokens=16384)
 """
+
 from distflow.batch.packed import FieldSchema, PackedBatch
 from distflow.coordination.data.balance import (
-    balanced_assignment, balanced_partition, imbalance, largest_differencing, micro_batches)
+    balanced_assignment,
+    balanced_partition,
+    imbalance,
+    largest_differencing,
+    micro_batches,
+)
+from distflow.coordination.data.coordinator import (
+    DataCoordinator,
+    DataEdge,
+    DataTransferTimeout,
+    TransferHandle,
+    double_buffered,
+)
 from distflow.coordination.data.gather import gather_sample_table
 from distflow.coordination.data.layouts import STANDARD_FIELD_STAGES, FieldPlacement, PlacedLayout
 from distflow.coordination.data.plan import (
-    DataPlanError, RedistributionPlan, SampleTable, Transfer, is_identity, plan_redistribution)
-from distflow.coordination.data.coordinator import (
-    DataCoordinator, DataEdge, DataTransferTimeout, TransferHandle, double_buffered)
+    DataPlanError,
+    RedistributionPlan,
+    SampleTable,
+    Transfer,
+    is_identity,
+    plan_redistribution,
+)
 
 __all__ = [
-    "STANDARD_FIELD_STAGES", "DataCoordinator", "DataEdge", "DataPlanError", "DataTransferTimeout",
-    "FieldPlacement", "FieldSchema", "PackedBatch", "PlacedLayout", "RedistributionPlan", "SampleTable",
-    "Transfer", "TransferHandle", "balanced_assignment", "balanced_partition", "double_buffered",
-    "gather_sample_table", "imbalance", "is_identity", "largest_differencing", "micro_batches",
-    "plan_redistribution"]
+    "STANDARD_FIELD_STAGES",
+    "DataCoordinator",
+    "DataEdge",
+    "DataPlanError",
+    "DataTransferTimeout",
+    "FieldPlacement",
+    "FieldSchema",
+    "PackedBatch",
+    "PlacedLayout",
+    "RedistributionPlan",
+    "SampleTable",
+    "Transfer",
+    "TransferHandle",
+    "balanced_assignment",
+    "balanced_partition",
+    "double_buffered",
+    "gather_sample_table",
+    "imbalance",
+    "is_identity",
+    "largest_differencing",
+    "micro_batches",
+    "plan_redistribution",
+]

@@ -4,6 +4,7 @@ a locality-aware assignment that keeps items where they are when balance allows,
 Items are integers' weights (tokens of a sample, or of a whole prompt group). All functions are pure and
 deterministic: ties break by item order, so every rank computes the same answer from the same inputs.
 """
+
 import heapq
 import itertools
 import math
@@ -13,8 +14,13 @@ import numpy as np
 
 
 def loads_of(weights, labels, k: int) -> np.ndarray:
-    return np.bincount(np.asarray(labels, dtype=np.int64), weights=np.asarray(weights, dtype=np.float64),
-                       minlength=k)[:k] if len(weights) else np.zeros(k)
+    return (
+        np.bincount(
+            np.asarray(labels, dtype=np.int64), weights=np.asarray(weights, dtype=np.float64), minlength=k
+        )[:k]
+        if len(weights)
+        else np.zeros(k)
+    )
 
 
 def imbalance(loads) -> float:
@@ -74,8 +80,9 @@ def _leaves(tree) -> list[int]:
     return out
 
 
-def refine(weights, labels: np.ndarray, k: int, base_loads=None, max_steps: int = 10_000,
-           swaps_only: bool = False) -> np.ndarray:
+def refine(
+    weights, labels: np.ndarray, k: int, base_loads=None, max_steps: int = 10_000, swaps_only: bool = False
+) -> np.ndarray:
     """Local search on `labels` (in place): moves one item, or swaps two, between the heaviest bin and a
     lighter one while that lowers the heavier of the two (swaps_only: never moves one, so every bin keeps
     its item count). Each step lowers the sum of squared loads, so it
@@ -158,11 +165,15 @@ def balanced_assignment(weights, home, k: int, tolerance: float = 0.01) -> np.nd
     candidates = []
     for slack in [0.0] + [tolerance * f for f in (0.25, 0.5, 1, 2, 4, 8, 16, 32) if tolerance * f < 1]:
         labels = _shed_and_fill(w, home, k, cap=mean * (1 - slack))
-        candidates.append((imbalance(loads_of(w, labels, k)), int(w[labels != home].sum()), len(candidates), labels))
+        candidates.append(
+            (imbalance(loads_of(w, labels, k)), int(w[labels != home].sum()), len(candidates), labels)
+        )
         if candidates[-1][0] <= 1 + tolerance:
             return labels
     labels = _match_homes(balanced_partition(w, k), w, home, k)
-    candidates.append((imbalance(loads_of(w, labels, k)), int(w[labels != home].sum()), len(candidates), labels))
+    candidates.append(
+        (imbalance(loads_of(w, labels, k)), int(w[labels != home].sum()), len(candidates), labels)
+    )
     return min(candidates, key=lambda c: c[:3])[3]
 
 
@@ -186,14 +197,16 @@ def equal_count_assignment(weights, home, k: int, tolerance: float = 0.01) -> np
         idx = np.flatnonzero(home == d)
         if len(idx) > cap:
             smallest_first = idx[np.lexsort((idx, w[idx]))]
-            labels[smallest_first[:len(idx) - cap]] = -1
+            labels[smallest_first[: len(idx) - cap]] = -1
     local = _fill_and_swap(w, labels, k, cap)
     if imbalance(loads_of(w, local, k)) <= 1 + tolerance:
         return local
     fresh = _fill_and_swap(w, np.full(n, -1, dtype=np.int64), k, cap)
     if (home >= 0).any():
         fresh = _match_homes(fresh, w, home, k)
-    return min((local, fresh), key=lambda l: (imbalance(loads_of(w, l, k)), int(w[l != home].sum())))
+    return min(
+        (local, fresh), key=lambda choice: (imbalance(loads_of(w, choice, k)), int(w[choice != home].sum()))
+    )
 
 
 def _fill_and_swap(w, labels, k, cap):

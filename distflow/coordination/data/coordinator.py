@@ -6,6 +6,7 @@ DataCoordinator, on a process group of its own, so it overlaps the caller's comp
 with the training's collectives; transfers run in the order they were started, the same on every rank.
 The bytes move as transport.py says (one message per peer and field, posted in one batch_isend_irecv).
 """
+
 import concurrent.futures
 import datetime
 import time
@@ -29,6 +30,7 @@ class DataTransferTimeout(TimeoutError):
 @dataclass(frozen=True)
 class DataEdge:
     """One DAG edge's data movement: node (the consumer's name, for messages), layouts and rules."""
+
     node: str
     producer: PlacedLayout
     consumer: PlacedLayout
@@ -61,8 +63,10 @@ class TransferHandle:
         except TimeoutError:
             if self._future.done():  # the transfer itself failed (e.g. a peer timed out): its own error
                 raise
-            raise DataTransferTimeout(f"node {self.edge.node!r}: rank {self.rank} waited {timeout_s} s for its "
-                                      f"data; the transfer is {self.state}") from None
+            raise DataTransferTimeout(
+                f"node {self.edge.node!r}: rank {self.rank} waited {timeout_s} s for its "
+                f"data; the transfer is {self.state}"
+            ) from None
 
 
 class DataCoordinator:
@@ -71,10 +75,14 @@ class DataCoordinator:
 
     def __init__(self, group=None, timeout_s: float = 300.0, metadata_slot_bytes: int = 64 * 1024):
         self.timeout_s = timeout_s
-        self.group = group if group is not None else dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
+        self.group = (
+            group if group is not None else dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
+        )
         self.rank = dist.get_rank()
         backend = dist.get_backend(self.group)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        )
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="distflow-data")
         self._gather = SlotGather(metadata_slot_bytes)  # used only by the worker thread
 
@@ -108,14 +116,23 @@ class DataCoordinator:
     def close(self):
         self._worker.shutdown(wait=True)
 
-    def _execute(self, edge: DataEdge, batch: Optional[PackedBatch], handle: TransferHandle) -> Optional[PackedBatch]:
+    def _execute(
+        self, edge: DataEdge, batch: Optional[PackedBatch], handle: TransferHandle
+    ) -> Optional[PackedBatch]:
         rank, t = self.rank, handle.timeline
         local = batch.sorted_by_id() if rank in edge.producer.holder_dp and batch is not None else None
         handle.state = "all-gathering sample metadata"
         table = gather_sample_table(local, self.group, self.timeout_s, self.device, self._gather)
         t["gathered"] = time.monotonic()
-        plan = plan_redistribution(edge.producer, edge.consumer, table, edge.fields, keep_groups=edge.keep_groups,
-                                   tolerance=edge.tolerance, node=edge.node)
+        plan = plan_redistribution(
+            edge.producer,
+            edge.consumer,
+            table,
+            edge.fields,
+            keep_groups=edge.keep_groups,
+            tolerance=edge.tolerance,
+            node=edge.node,
+        )
         handle.plan = plan
         t["planned"] = time.monotonic()
         ops, peers = [], []
@@ -137,8 +154,10 @@ class DataCoordinator:
             try:
                 work.wait(datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
             except RuntimeError as error:
-                raise DataTransferTimeout(f"node {edge.node!r}: rank {rank} timed out after {self.timeout_s} s "
-                                          f"{handle.state} ({error})") from error
+                raise DataTransferTimeout(
+                    f"node {edge.node!r}: rank {rank} timed out after {self.timeout_s} s "
+                    f"{handle.state} ({error})"
+                ) from error
         t["received"] = time.monotonic()
         handle.state = "unpacking"
         out = receiver.finish()
@@ -149,7 +168,9 @@ class DataCoordinator:
         return out
 
 
-def double_buffered(starts: Iterable[Callable[[], TransferHandle]], timeout_s: float) -> Iterator[PackedBatch]:
+def double_buffered(
+    starts: Iterable[Callable[[], TransferHandle]], timeout_s: float
+) -> Iterator[PackedBatch]:
     """Yields each transfer's batch while the next transfer is already under way (two buffers live at once).
 
     starts: callables that start the transfers, in order (e.g. lambda: coordinator.start(edge, batch)).

@@ -5,6 +5,7 @@ Producer side: one rank per DP group holds and sends a sample: tp rank 0, cp ran
 (for a rollout layout, the engine's owner rank). Consumer side: every TP and CP rank of the sample's DP
 group gets it, but a pipeline stage gets only the fields it uses (FieldPlacement).
 """
+
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal, Mapping, Optional
@@ -17,11 +18,20 @@ STAGES = ("first", "last", "all")
 # The RL batch fields DistFlow's nodes exchange, and the pipeline stages that read them: the first stage
 # embeds tokens, the last computes losses and log-probs, every stage needs the attention layout.
 STANDARD_FIELD_STAGES: dict[str, Stage] = {
-    "input_ids": "first", "position_ids": "first",
+    "input_ids": "first",
+    "position_ids": "first",
     "attention_mask": "all",
-    "labels": "last", "loss_mask": "last", "response_mask": "last", "advantages": "last", "returns": "last",
-    "values": "last", "old_logprobs": "last", "ref_logprobs": "last", "rollout_logprobs": "last",
-    "rewards": "last", "token_level_rewards": "last",
+    "labels": "last",
+    "loss_mask": "last",
+    "response_mask": "last",
+    "advantages": "last",
+    "returns": "last",
+    "values": "last",
+    "old_logprobs": "last",
+    "ref_logprobs": "last",
+    "rollout_logprobs": "last",
+    "rewards": "last",
+    "token_level_rewards": "last",
 }
 
 
@@ -33,6 +43,7 @@ class PlacedLayout:
     (Megatron nodes: all TP ranks of the last stage have the log-probs); False when only the holder does
     (SGLang engines: the owner rank). It decides whether "same layout" means "nothing to move".
     """
+
     layout: ParallelLayout
     ranks: tuple[int, ...] = ()
     replicated: bool = False
@@ -40,8 +51,10 @@ class PlacedLayout:
     def __post_init__(self):
         ranks = tuple(self.ranks) or tuple(range(self.layout.world_size))
         if len(ranks) != self.layout.world_size:
-            raise LayoutError(f"layout {self.layout.describe()} covers {self.layout.world_size} ranks but "
-                              f"{len(ranks)} global ranks were given: {list(ranks)}")
+            raise LayoutError(
+                f"layout {self.layout.describe()} covers {self.layout.world_size} ranks but "
+                f"{len(ranks)} global ranks were given: {list(ranks)}"
+            )
         if len(set(ranks)) != len(ranks) or min(ranks) < 0:
             raise LayoutError(f"global ranks {list(ranks)} must be distinct and >= 0")
         object.__setattr__(self, "ranks", ranks)
@@ -94,11 +107,16 @@ class PlacedLayout:
     def dp_ranks(self, dp: int) -> tuple[int, ...]:
         """Every global rank of DP group `dp`, ordered by (pp, cp, tp)."""
         L = self.layout
-        return tuple(self.global_rank(t, c, dp, p) for p in range(L.pp) for c in range(L.cp) for t in range(L.tp))
+        return tuple(
+            self.global_rank(t, c, dp, p) for p in range(L.pp) for c in range(L.cp) for t in range(L.tp)
+        )
 
     def describe(self) -> str:
-        span = f"ranks {self.ranks[0]}..{self.ranks[-1]}" if self.ranks == tuple(
-            range(self.ranks[0], self.ranks[-1] + 1)) else f"ranks {list(self.ranks)}"
+        span = (
+            f"ranks {self.ranks[0]}..{self.ranks[-1]}"
+            if self.ranks == tuple(range(self.ranks[0], self.ranks[-1] + 1))
+            else f"ranks {list(self.ranks)}"
+        )
         return f"{self.layout.describe()} on {span}"
 
 
@@ -109,6 +127,7 @@ class FieldPlacement:
     It is also the list of fields that move: a batch field without a rule is an error, never dropped
     silently, and every field with a rule must be present on every holder.
     """
+
     stages: Mapping[str, Stage] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -125,8 +144,10 @@ class FieldPlacement:
         """Rules for `names` from STANDARD_FIELD_STAGES, plus `overrides` (name=stage) for other fields."""
         unknown = [n for n in names if n not in STANDARD_FIELD_STAGES]
         if unknown:
-            raise KeyError(f"no standard stage rule for fields {unknown}; known: {sorted(STANDARD_FIELD_STAGES)}"
-                           "; pass them as name='first'|'last'|'all'")
+            raise KeyError(
+                f"no standard stage rule for fields {unknown}; known: {sorted(STANDARD_FIELD_STAGES)}"
+                "; pass them as name='first'|'last'|'all'"
+            )
         return cls({**{n: STANDARD_FIELD_STAGES[n] for n in names}, **overrides})
 
     @property
@@ -135,7 +156,9 @@ class FieldPlacement:
 
     def used_on(self, name: str, stage: int, num_stages: int) -> bool:
         rule = self.stages[name]
-        return rule == "all" or (rule == "first" and stage == 0) or (rule == "last" and stage == num_stages - 1)
+        return (
+            rule == "all" or (rule == "first" and stage == 0) or (rule == "last" and stage == num_stages - 1)
+        )
 
     def fields_for_stage(self, stage: int, num_stages: int) -> tuple[str, ...]:
         return tuple(n for n in self.stages if self.used_on(n, stage, num_stages))

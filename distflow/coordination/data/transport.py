@@ -9,6 +9,7 @@ packed / scattered with a few large copies. Receivers preallocate from the plan.
 only to its actual peers, in one batch_isend_irecv (coordinator.py), and copies the samples it keeps while
 they fly.
 """
+
 from typing import Callable, Optional
 
 import numpy as np
@@ -36,7 +37,7 @@ def _runs_view(tensor: torch.Tensor, starts: np.ndarray, rows: np.ndarray) -> Op
     if not rows.size:
         return tensor[:0]
     if (starts[1:] == starts[:-1] + rows[:-1]).all():
-        return tensor[int(starts[0]):int(starts[0] + rows.sum())]
+        return tensor[int(starts[0]) : int(starts[0] + rows.sum())]
     return None
 
 
@@ -82,8 +83,9 @@ class Receiver:
             if self._can_reuse_local(name):
                 self.out[name] = local.fields[name]
             else:
-                self.out[name] = torch.empty((int(self.rows[name].sum()), *schema.inner_shape), dtype=schema.dtype,
-                                             device=device)
+                self.out[name] = torch.empty(
+                    (int(self.rows[name].sum()), *schema.inner_shape), dtype=schema.dtype, device=device
+                )
         for tr in plan.receives(rank):
             where = np.searchsorted(self.mine, tr.positions)
             for seg in tr.segments:
@@ -99,9 +101,12 @@ class Receiver:
 
     def _can_reuse_local(self, name: str) -> bool:
         """Everything this rank consumes is its own whole local batch, in order: no copy at all."""
-        return (self.local is not None and len(self.local) == len(self.mine) and
-                np.array_equal(self.kept, self.mine) and
-                np.array_equal(self.to_local(self.kept), np.arange(len(self.mine))))
+        return (
+            self.local is not None
+            and len(self.local) == len(self.mine)
+            and np.array_equal(self.kept, self.mine)
+            and np.array_equal(self.to_local(self.kept), np.arange(len(self.mine)))
+        )
 
     def copy_kept(self) -> None:
         if not self.consumer or not self.kept.size:
@@ -111,8 +116,13 @@ class Receiver:
         for name in self.names:
             if self.out[name] is self.local.fields[name]:
                 continue
-            copy_runs(self.out[name], self.starts[name][where], self.local.fields[name],
-                      self.local.offsets(name)[at].numpy(), self.rows[name][where])
+            copy_runs(
+                self.out[name],
+                self.starts[name][where],
+                self.local.fields[name],
+                self.local.offsets(name)[at].numpy(),
+                self.rows[name][where],
+            )
 
     def finish(self) -> Optional[PackedBatch]:
         if not self.consumer:
@@ -120,5 +130,10 @@ class Receiver:
         for name, dst_starts, buf, src_starts, rows in self._scatter:
             copy_runs(self.out[name], dst_starts, buf, src_starts, rows)
         t = self.plan.table
-        return PackedBatch(t.sample_ids[self.mine], t.groups[self.mine], t.lengths[self.mine], self.out,
-                           {n: torch.from_numpy(self.rows[n].copy()) for n in self.names if self.plan.schema[n].ragged})
+        return PackedBatch(
+            t.sample_ids[self.mine],
+            t.groups[self.mine],
+            t.lengths[self.mine],
+            self.out,
+            {n: torch.from_numpy(self.rows[n].copy()) for n in self.names if self.plan.schema[n].ragged},
+        )

@@ -18,6 +18,7 @@ The trainer's sync node, on every rank (colocated placement):
     samples = sglang_engine.generate(engine, prompts, ...)   # refuses a stale engine; each sample carries
                                                              # the weight version it was sampled from
 """
+
 from distflow.coordination.weights import engine_side
 from distflow.coordination.weights.megatron_names import megatron_tensors
 from distflow.coordination.weights.plan import HF, SHARDS, WeightSyncPlan, plan_weight_sync, sync_mode
@@ -27,6 +28,20 @@ from distflow.coordination.weights.verification import WeightVerifyError
 from distflow.workers.rollout.engine_health import EngineDiedError
 from distflow.workers.rollout.engine_state import EngineWeightState, StaleEngineError, state_of
 
-__all__ = ["HF", "SHARDS", "EngineDiedError", "EngineWeightState", "StaleEngineError", "SyncStats",
-           "WeightResharder", "WeightSyncError", "WeightSyncPlan", "WeightVerifyError", "engine_side",
-           "megatron_tensors", "plan_weight_sync", "state_of", "sync_mode"]
+__all__ = [
+    "HF",
+    "SHARDS",
+    "EngineDiedError",
+    "EngineWeightState",
+    "StaleEngineError",
+    "SyncStats",
+    "WeightResharder",
+    "WeightSyncError",
+    "WeightSyncPlan",
+    "WeightVerifyError",
+    "engine_side",
+    "megatron_tensors",
+    "plan_weight_sync",
+    "state_of",
+    "sync_mode",
+]

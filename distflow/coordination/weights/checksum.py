@@ -8,6 +8,7 @@ and the engine side computes the same number from its parameter: no rank needs t
 integer arithmetic (int64, reduced modulo a prime before it can overflow), so any summation order and
 device give the same value. It detects changed, swapped or missing elements; it is not cryptographic.
 """
+
 import torch
 
 MODULUS = 2**61 - 1
@@ -24,7 +25,7 @@ def region_checksum(values: torch.Tensor, target_shape: tuple, region) -> int:
     if values.numel() == 0:
         return 0
     assert values.element_size() in _WORD, f"checksum of {values.dtype}: elements of 1, 2 or 4 bytes only"
-    region = tuple(region) + tuple((0, n) for n in target_shape[len(region):])
+    region = tuple(region) + tuple((0, n) for n in target_shape[len(region) :])
     strides = [1] * len(target_shape)
     for d in range(len(target_shape) - 2, -1, -1):
         strides[d] = strides[d + 1] * target_shape[d + 1]
@@ -37,7 +38,7 @@ def region_checksum(values: torch.Tensor, target_shape: tuple, region) -> int:
         n = min(step, rows - first)
         sub = ((region[0][0] + first, n),) + region[1:]
         index = _flat_index(sub, strides, values.device)
-        total += _mod_sum(words[first:first + n].to(torch.int64).reshape(-1) * _weight(index.reshape(-1)))
+        total += _mod_sum(words[first : first + n].to(torch.int64).reshape(-1) * _weight(index.reshape(-1)))
     return total % MODULUS
 
 
@@ -48,7 +49,7 @@ def combine(shares) -> int:
 def _flat_index(region, strides, device) -> torch.Tensor:
     index = torch.zeros((), dtype=torch.int64, device=device)
     for d, (start, n) in enumerate(region):
-        axis = (torch.arange(start, start + n, dtype=torch.int64, device=device) * strides[d])
+        axis = torch.arange(start, start + n, dtype=torch.int64, device=device) * strides[d]
         index = index.unsqueeze(-1) + axis.reshape((1,) * d + (n,))
     return index
 

@@ -13,6 +13,7 @@ SGLang calls a loader registered with the engine argument `custom_weight_loader=
   with torch.save (on the node of the engine's owner).
 Imports stay light: this module is imported by every scheduler.
 """
+
 import json
 import os
 
@@ -42,11 +43,13 @@ def load_counted(model, named_tensors) -> None:
     for name, tensor in named_tensors:
         name, rows = _split_name(name)
         param = params.get(name)
-        data = None if param is None else param.data if rows is None else param.data[rows[0]:rows[1]]
+        data = None if param is None else param.data if rows is None else param.data[rows[0] : rows[1]]
         if data is None or tuple(data.shape) != tuple(tensor.shape):
             got = None if data is None else tuple(data.shape)
-            _received["errors"].append(f"{name}{'' if rows is None else list(rows)}: engine parameter {got}, "
-                                       f"received {tuple(tensor.shape)}")
+            _received["errors"].append(
+                f"{name}{'' if rows is None else list(rows)}: engine parameter {got}, "
+                f"received {tuple(tensor.shape)}"
+            )
             continue
         data.copy_(tensor)
         _received["bytes"] += tensor.numel() * tensor.element_size()
@@ -68,10 +71,18 @@ def probe(model, named_tensors) -> None:
     request = json.loads(bytes(request.cpu().tolist()).decode())
     params = {}
     for pname, param in model.named_parameters():
-        params[pname] = dict(shape=tuple(param.shape), dtype=str(param.dtype).removeprefix("torch."),
-                             checksum=checksum(param.data) if request["checksums"] else None)
-    report = dict(params=params, received_bytes=_received["bytes"], received_tensors=_received["tensors"],
-                  errors=list(_received["errors"]), pid=os.getpid())
+        params[pname] = dict(
+            shape=tuple(param.shape),
+            dtype=str(param.dtype).removeprefix("torch."),
+            checksum=checksum(param.data) if request["checksums"] else None,
+        )
+    report = dict(
+        params=params,
+        received_bytes=_received["bytes"],
+        received_tensors=_received["tensors"],
+        errors=list(_received["errors"]),
+        pid=os.getpid(),
+    )
     _received.update(bytes=0, tensors=0, errors=[])
     rank, reports = _gather_to_tp_rank0(report)
     if rank == 0:

@@ -11,6 +11,7 @@ sync.transport chooses: "shared_memory" (never the group), "process_group" (the 
 host differ; also testable on one node) or "auto" (the group across nodes only).
 Every wait is bounded by the group's timeout (trainer.dist_timeout_s).
 """
+
 import datetime
 
 import torch
@@ -36,16 +37,24 @@ class GroupTransport:
         self.hostnames: list[str] | None = None
         self.receives = _index_receives(plan, rank)
         self._group_buckets: set[int] = set()
-        self._outgoing: dict[int, list[torch.Tensor]] = {}  # host -> this bucket's pieces for it, in plan order
+        self._outgoing: dict[
+            int, list[torch.Tensor]
+        ] = {}  # host -> this bucket's pieces for it, in plan order
         self.sent_bytes = 0
 
     def set_hostnames(self, hostnames: list[str]) -> None:
         """Every rank's host name (from the first sync's exchange); fixes which pairs use the group, and makes
         the group when any does. Collective: every rank calls it with the same names, so all decide alike."""
         self.hostnames = list(hostnames)
-        self._group_buckets = {b for b in range(len(self.plan.buckets))
-                               if any(self.via_group(p.src_rank, rp.host) for rp, t in _bucket_targets(self.plan, b)
-                                      for p in t.pieces)}
+        self._group_buckets = {
+            b
+            for b in range(len(self.plan.buckets))
+            if any(
+                self.via_group(p.src_rank, rp.host)
+                for rp, t in _bucket_targets(self.plan, b)
+                for p in t.pieces
+            )
+        }
         if self._group_buckets and self.group is None:  # an NCCL group costs GPU memory: only when needed
             kwargs = {"timeout": datetime.timedelta(seconds=self.timeout_s)} if self.timeout_s else {}
             self.group = dist.new_group(backend="nccl" if self.device.type == "cuda" else "gloo", **kwargs)
@@ -84,7 +93,9 @@ class GroupTransport:
         incoming = {}
         for sender, items in sorted(self.receives.get(b, {}).items()):
             if self.via_group(sender, self.rank):
-                incoming[sender] = torch.empty(sum(piece.numel for *_, piece in items), dtype=dtype, device=self.device)
+                incoming[sender] = torch.empty(
+                    sum(piece.numel for *_, piece in items), dtype=dtype, device=self.device
+                )
                 works.append(dist.irecv(incoming[sender], sender, group=self.group))
         for work in works:
             work.wait()
@@ -94,7 +105,7 @@ class GroupTransport:
                 at = 0
                 for e, r, target, offset, piece in self.receives[b][sender]:
                     dst = narrow(self.staging.target_view(b, e, r, offset, target), piece.dst)
-                    dst.copy_(buffer[at:at + piece.numel].view(dst.shape))
+                    dst.copy_(buffer[at : at + piece.numel].view(dst.shape))
                     at += piece.numel
                     if self.verify:
                         key = (e, r, target.param_name)
@@ -123,6 +134,7 @@ def _index_receives(plan, rank: int) -> dict:
                         for piece in target.pieces:
                             if piece.src_rank != rank:
                                 out.setdefault(b, {}).setdefault(piece.src_rank, []).append(
-                                    (e, rp.rank, target, offset, piece))
+                                    (e, rp.rank, target, offset, piece)
+                                )
                     offset += target.numel
     return out

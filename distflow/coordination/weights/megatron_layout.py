@@ -13,6 +13,7 @@ e // (E / ep), split over the expert-TP group (ETP) like a dense MLP over TP; Me
 index there, these global names by e (`mlp.experts.local_experts.<e>`, as in an EP=1 model). Within a
 stage, expert ranks are ordered etp fastest, then ep, then expert-DP (Megatron's expert rank generator).
 """
+
 from dataclasses import dataclass
 
 from distflow.coordination.weights.regions import Region
@@ -55,13 +56,21 @@ class TrainedModelLayout:
     padded_vocab: Megatron's vocabulary rows (GPTModel.vocab_size); default: the worker's padding rule.
     """
 
-    def __init__(self, spec, hf_config, layout: ParallelLayout, padded_vocab: int | None = None,
-                 hf_shapes: dict[str, tuple] | None = None):
+    def __init__(
+        self,
+        spec,
+        hf_config,
+        layout: ParallelLayout,
+        padded_vocab: int | None = None,
+        hf_shapes: dict[str, tuple] | None = None,
+    ):
         self.spec, self.cfg, self.layout = spec, as_config_dict(hf_config), layout
         self.dims = Dims.of(self.cfg)
         chunks = layout.pp * layout.vpp
         if self.dims.layers % chunks:
-            raise ValueError(f"{self.dims.layers} layers do not split evenly over pp*vpp = {chunks} model chunks")
+            raise ValueError(
+                f"{self.dims.layers} layers do not split evenly over pp*vpp = {chunks} model chunks"
+            )
         self.layers_per_chunk = self.dims.layers // chunks
         self.num_experts = num_experts(self.cfg) if spec.moe else 0
         if self.num_experts % layout.ep:
@@ -78,24 +87,41 @@ class TrainedModelLayout:
 
     def _index_rules(self) -> None:
         last = self.layout.pp - 1
-        rules = [(0, r) for r in weight_mapping.param_rules(self.spec, self.cfg, num_layers=0, post_process=False)]
+        rules = [
+            (0, r) for r in weight_mapping.param_rules(self.spec, self.cfg, num_layers=0, post_process=False)
+        ]
         for layer in range(self.dims.layers):
             stage = self.stage_of_layer(layer)
-            for rule in weight_mapping.param_rules(self.spec, self.cfg, layer_offset=layer, num_layers=1,
-                                                   pre_process=False, post_process=False):
-                rules.append((stage, weight_mapping.ParamRule(
-                    rule.megatron.replace("decoder.layers.0.", f"decoder.layers.{layer}.", 1), rule.hf, rule.kind)))
-        rules += [(last, r) for r in weight_mapping.param_rules(self.spec, self.cfg, num_layers=0,
-                                                                 pre_process=last == 0, post_process=True)
-                  if not r.megatron.startswith("embedding.")]
+            for rule in weight_mapping.param_rules(
+                self.spec, self.cfg, layer_offset=layer, num_layers=1, pre_process=False, post_process=False
+            ):
+                rules.append(
+                    (
+                        stage,
+                        weight_mapping.ParamRule(
+                            rule.megatron.replace("decoder.layers.0.", f"decoder.layers.{layer}.", 1),
+                            rule.hf,
+                            rule.kind,
+                        ),
+                    )
+                )
+        rules += [
+            (last, r)
+            for r in weight_mapping.param_rules(
+                self.spec, self.cfg, num_layers=0, pre_process=last == 0, post_process=True
+            )
+            if not r.megatron.startswith("embedding.")
+        ]
         for stage, rule in rules:
             self.stage_names[stage].add(rule.megatron)
             if not rule.exported:
                 continue  # the last stage's copy of a tied embedding: the first stage's is the source
             expert = _EXPERT.search(rule.megatron)
             for index, hf in enumerate(rule.hf):
-                self.sources.setdefault(hf, _Source(rule.megatron, rule.kind, index, stage,
-                                                    int(expert.group(1)) if expert else None))
+                self.sources.setdefault(
+                    hf,
+                    _Source(rule.megatron, rule.kind, index, stage, int(expert.group(1)) if expert else None),
+                )
 
     def hf_shape(self, hf_name: str) -> tuple[int, ...]:
         return tuple(self._hf_shapes.get(hf_name) or hf_tensor_shape(self.spec, self.cfg, hf_name))
@@ -107,7 +133,9 @@ class TrainedModelLayout:
         """The Megatron shard regions that make up `region` of the full HF tensor `hf_name`."""
         source = self.sources.get(hf_name)
         assert source is not None, f"{self.spec.family}: no Megatron parameter holds HF tensor {hf_name!r}"
-        per_dim = [self._dim_runs(source, hf_name, dim, start, length) for dim, (start, length) in enumerate(region)]
+        per_dim = [
+            self._dim_runs(source, hf_name, dim, start, length) for dim, (start, length) in enumerate(region)
+        ]
         parts = [[]]
         for runs in per_dim:  # cartesian product: at most one dimension is split over TP ranks
             parts = [done + [run] for done in parts for run in runs]
@@ -115,10 +143,17 @@ class TrainedModelLayout:
         for runs in parts:
             ranks = {t for t, *_ in runs if t is not None}
             assert len(ranks) <= 1, f"{source.name}: split over TP in two dimensions"
-            out.append(MegatronPart(stage=source.stage, tp_rank=ranks.pop() if ranks else None, name=source.name,
-                                    src=tuple((local, n) for _, local, _, n in runs),
-                                    offset=tuple(off for _, _, off, _ in runs), extent=tuple(n for *_, n in runs),
-                                    ep_rank=None if source.expert is None else self.ep_rank_of(source.expert)))
+            out.append(
+                MegatronPart(
+                    stage=source.stage,
+                    tp_rank=ranks.pop() if ranks else None,
+                    name=source.name,
+                    src=tuple((local, n) for _, local, _, n in runs),
+                    offset=tuple(off for _, _, off, _ in runs),
+                    extent=tuple(n for *_, n in runs),
+                    ep_rank=None if source.expert is None else self.ep_rank_of(source.expert),
+                )
+            )
         return out
 
     def _dim_runs(self, source: _Source, hf_name: str, dim: int, start: int, length: int) -> list[tuple]:
@@ -126,7 +161,12 @@ class TrainedModelLayout:
         full_runs = self._hf_to_full(source, hf_name, start, length) if dim == 0 else [(start, 0, length)]
         layout = tp_sharding.tp_layout(source.name)
         tp = self.layout.etp if source.expert is not None else self.layout.tp
-        split = {(tp_sharding.COLUMN, 0), (tp_sharding.GATED_COLUMN, 0), (tp_sharding.VOCAB, 0), (tp_sharding.ROW, 1)}
+        split = {
+            (tp_sharding.COLUMN, 0),
+            (tp_sharding.GATED_COLUMN, 0),
+            (tp_sharding.VOCAB, 0),
+            (tp_sharding.ROW, 1),
+        }
         if (layout, dim) not in split or tp == 1:
             return [(None, m, off, n) for m, off, n in full_runs]  # None: any TP rank holds these
         out = []
@@ -134,7 +174,9 @@ class TrainedModelLayout:
             if layout == tp_sharding.GATED_COLUMN:
                 ffn = self.hf_shape(hf_name)[0]  # rows of gate (= up)
                 half, m = (0, m) if m < ffn else (1, m - ffn)
-                out += [(t, half * (ffn // tp) + local, o, k) for t, local, o, k in _split(m, off, n, ffn // tp)]
+                out += [
+                    (t, half * (ffn // tp) + local, o, k) for t, local, o, k in _split(m, off, n, ffn // tp)
+                ]
             else:
                 whole = self._full_size(source, hf_name, dim)
                 out += _split(m, off, n, whole // tp)
@@ -148,7 +190,9 @@ class TrainedModelLayout:
             return (self.dims.heads + 2 * self.dims.kv_heads) * self.dims.head_dim
         return self.hf_shape(hf_name)[dim]
 
-    def _hf_to_full(self, source: _Source, hf_name: str, start: int, length: int) -> list[tuple[int, int, int]]:
+    def _hf_to_full(
+        self, source: _Source, hf_name: str, start: int, length: int
+    ) -> list[tuple[int, int, int]]:
         """HF rows [start, start+length) -> [(full Megatron row, offset, length)] runs."""
         if source.kind == weight_mapping.GATE_UP:
             return [(source.index * self.hf_shape(hf_name)[0] + start, 0, length)]

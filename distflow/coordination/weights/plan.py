@@ -17,13 +17,17 @@ each bucket draws on every pipeline stage in proportion to its bytes (the stages
 parameter larger than the bound is sent as row ranges (split_rows), so every bucket stays within it (HF
 fallback: SGLang's loader takes whole tensors, so a larger one gets a bucket of its own).
 """
+
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import cached_property
 
 from distflow.coordination.weights import sglang_layout
-from distflow.coordination.weights.megatron_layout import (TrainedModelLayout, expert_data_parallel_size,
-                                                          expert_rank)
+from distflow.coordination.weights.megatron_layout import (
+    TrainedModelLayout,
+    expert_data_parallel_size,
+    expert_rank,
+)
 from distflow.coordination.weights.regions import Region, full_region, volume
 from distflow.layout import ParallelLayout, Placement
 
@@ -131,7 +135,9 @@ class WeightSyncPlan:
     def row_range_buckets(self) -> frozenset[int]:
         """Buckets holding row ranges of a parameter larger than the bound (the same names on every rank)."""
         first = self.engines[0][0].by_name if self.engines else {}
-        return frozenset(b for b, names in enumerate(self.buckets) if any(first[n].param is not None for n in names))
+        return frozenset(
+            b for b, names in enumerate(self.buckets) if any(first[n].param is not None for n in names)
+        )
 
     def ranks_of(self, engine: int) -> tuple[EngineRankPlan, ...]:
         return self.engines[engine]
@@ -154,8 +160,11 @@ class WeightSyncPlan:
     @property
     def total_bytes(self) -> int:
         """Bytes delivered into all engines per sync (HF mode: one full copy per engine)."""
-        return sum(self.receiver_bytes(e, r) for e in range(len(self.engines))
-                   for r in range(1 if self.shared else self.engine_tp))
+        return sum(
+            self.receiver_bytes(e, r)
+            for e in range(len(self.engines))
+            for r in range(1 if self.shared else self.engine_tp)
+        )
 
     def bucket_targets(self, bucket: int, engine: int, rank: int) -> list[Target]:
         by_name = self.engines[engine][rank].by_name
@@ -163,43 +172,67 @@ class WeightSyncPlan:
 
     def describe(self) -> str:
         send = self.sender_bytes()
-        lines = [f"weight sync ({self.mode}): {len(self.engines)} engine(s) x TP {self.engine_tp}, "
-                 f"{len(self.buckets)} bucket(s), {self.total_bytes / 2**20:.1f} MiB per sync"]
+        lines = [
+            f"weight sync ({self.mode}): {len(self.engines)} engine(s) x TP {self.engine_tp}, "
+            f"{len(self.buckets)} bucket(s), {self.total_bytes / 2**20:.1f} MiB per sync"
+        ]
         for e, ranks in enumerate(self.engines):
             for plan in ranks:
-                lines.append(f"  engine {e} rank {plan.rank} (host {plan.host}): {len(plan.targets)} tensors, "
-                             f"{self.receiver_bytes(e, plan.rank) / 2**20:.2f} MiB")
+                lines.append(
+                    f"  engine {e} rank {plan.rank} (host {plan.host}): {len(plan.targets)} tensors, "
+                    f"{self.receiver_bytes(e, plan.rank) / 2**20:.2f} MiB"
+                )
         lines += [f"  rank {r} sends {b / 2**20:.2f} MiB" for r, b in sorted(send.items())]
         return "\n".join(lines)
 
 
-def sync_mode(spec, requested: str = "auto", hf_config=None, engine_tp: int = 1, engine_device: str = "cuda") -> str:
-    """"auto" picks SHARDS for families with an SGLang shard layout, else the HF fallback; also the fallback
+def sync_mode(
+    spec, requested: str = "auto", hf_config=None, engine_tp: int = 1, engine_device: str = "cuda"
+) -> str:
+    """ "auto" picks SHARDS for families with an SGLang shard layout, else the HF fallback; also the fallback
     where SGLang's CPU engine pads the model (sglang_layout.cpu_engine_pads)."""
     if requested == "auto":
         if not spec.sglang_shards:
             return HF
-        if engine_device == "cpu" and hf_config is not None and sglang_layout.cpu_engine_pads(hf_config, engine_tp):
+        if (
+            engine_device == "cpu"
+            and hf_config is not None
+            and sglang_layout.cpu_engine_pads(hf_config, engine_tp)
+        ):
             return HF
         return SHARDS
     if requested not in (SHARDS, HF):
         raise ValueError(f"weight sync mode {requested!r}: one of 'auto', {SHARDS!r}, {HF!r}")
     if requested == SHARDS and not spec.sglang_shards:
-        raise ValueError(f"{spec.family}: no SGLang shard layout (families with one: "
-                         f"{sglang_layout.SHARD_FAMILIES}); use mode 'hf'")
+        raise ValueError(
+            f"{spec.family}: no SGLang shard layout (families with one: "
+            f"{sglang_layout.SHARD_FAMILIES}); use mode 'hf'"
+        )
     return requested
 
 
-def plan_weight_sync(spec, hf_config, train: ParallelLayout, placement: Placement, *, bucket_bytes: int,
-                     element_size: int = 2, mode: str = "auto", padded_vocab: int | None = None,
-                     hf_shapes: dict[str, tuple] | None = None, engine_device: str = "cuda") -> WeightSyncPlan:
+def plan_weight_sync(
+    spec,
+    hf_config,
+    train: ParallelLayout,
+    placement: Placement,
+    *,
+    bucket_bytes: int,
+    element_size: int = 2,
+    mode: str = "auto",
+    padded_vocab: int | None = None,
+    hf_shapes: dict[str, tuple] | None = None,
+    engine_device: str = "cuda",
+) -> WeightSyncPlan:
     """The plan for pushing the model trained in `train` (over placement.train_ranks) into every engine of
     `placement`. element_size: bytes per element in the engine's dtype; bucket_bytes bounds what one
     engine rank receives per bucket; padded_vocab: Megatron's vocabulary rows (default: its padding rule);
     engine_device: "cpu" or "cuda" (SGLang's CPU engine pads some models, see sync_mode)."""
     if len(placement.train_ranks) != train.world_size:
-        raise ValueError(f"the training layout covers {train.world_size} ranks but the placement trains on "
-                         f"{len(placement.train_ranks)}")
+        raise ValueError(
+            f"the training layout covers {train.world_size} ranks but the placement trains on "
+            f"{len(placement.train_ranks)}"
+        )
     assert bucket_bytes > 0 and element_size > 0
     mode = sync_mode(spec, mode, hf_config, placement.engine_tp, engine_device)
     model = TrainedModelLayout(spec, hf_config, train, padded_vocab, hf_shapes)
@@ -216,17 +249,24 @@ def plan_weight_sync(spec, hf_config, train: ParallelLayout, placement: Placemen
         def holders_of(part) -> list[int]:
             """Global ranks of this engine's replica that hold `part` (several when TP ranks replicate it)."""
             if part.ep_rank is None:
-                local = [train.rank(tp=t, cp=cp, dp=dp, pp=part.stage)
-                         for t in (range(train.tp) if part.tp_rank is None else [part.tp_rank])]
+                local = [
+                    train.rank(tp=t, cp=cp, dp=dp, pp=part.stage)
+                    for t in (range(train.tp) if part.tp_rank is None else [part.tp_rank])
+                ]
             else:
-                local = [expert_rank(train, part.stage, part.ep_rank, t, edp)
-                         for t in (range(train.etp) if part.tp_rank is None else [part.tp_rank])]
+                local = [
+                    expert_rank(train, part.stage, part.ep_rank, t, edp)
+                    for t in (range(train.etp) if part.tp_rank is None else [part.tp_rank])
+                ]
             return [placement.train_ranks[i] for i in local]
 
         ranks = []
         for r in range(1 if mode == HF else engine_tp):
-            specs = (sglang_layout.hf_full_targets(spec, hf_config, hf_shapes) if mode == HF
-                     else sglang_layout.sglang_shard_targets(spec, hf_config, engine_tp, r))
+            specs = (
+                sglang_layout.hf_full_targets(spec, hf_config, hf_shapes)
+                if mode == HF
+                else sglang_layout.sglang_shard_targets(spec, hf_config, engine_tp, r)
+            )
             targets = []
             for ts in specs:
                 pieces, stage = [], None
@@ -245,16 +285,26 @@ def plan_weight_sync(spec, hf_config, train: ParallelLayout, placement: Placemen
         engines.append(tuple(ranks))
     owners = tuple(placement.engine_ranks(e)[0] for e in range(placement.num_engines))
     buckets = _buckets(engines, bucket_bytes, element_size, train.pp) if engines else ()
-    return WeightSyncPlan(mode=mode, engine_tp=engine_tp, engines=tuple(engines), owners=owners, buckets=buckets,
-                          element_size=element_size)
+    return WeightSyncPlan(
+        mode=mode,
+        engine_tp=engine_tp,
+        engines=tuple(engines),
+        owners=owners,
+        buckets=buckets,
+        element_size=element_size,
+    )
 
 
 def _place(seg, part) -> tuple:
     """Where a Megatron part of segment `seg` lands in the target. A destination with more dimensions than
     the HF source (one expert in a stacked expert tensor) keeps its leading ones as they are."""
     lead = len(seg.dst) - len(seg.src)
-    assert lead >= 0 and all(n == 1 for _, n in seg.dst[:lead]), f"{seg}: destination does not embed the source"
-    return seg.dst[:lead] + tuple((d0 + o, n) for (d0, _), o, n in zip(seg.dst[lead:], part.offset, part.extent))
+    assert lead >= 0 and all(n == 1 for _, n in seg.dst[:lead]), (
+        f"{seg}: destination does not embed the source"
+    )
+    return seg.dst[:lead] + tuple(
+        (d0 + o, n) for (d0, _), o, n in zip(seg.dst[lead:], part.offset, part.extent)
+    )
 
 
 def split_rows(target: Target, max_numel: int) -> list[Target]:
@@ -270,8 +320,17 @@ def split_rows(target: Target, max_numel: int) -> list[Target]:
     for first in range(0, rows, per):
         n = min(per, rows - first)
         pieces = tuple(cut for p in target.pieces if (cut := _cut_rows(p, first, n)) is not None)
-        out.append(Target(f"{target.name}[{first}:{first + n}]", (n,) + tuple(target.shape[1:]), pieces,
-                          target.stage, param=target.name, row_offset=first, param_rows=rows))
+        out.append(
+            Target(
+                f"{target.name}[{first}:{first + n}]",
+                (n,) + tuple(target.shape[1:]),
+                pieces,
+                target.stage,
+                param=target.name,
+                row_offset=first,
+                param_rows=rows,
+            )
+        )
     return out
 
 
@@ -307,8 +366,10 @@ def _buckets(engines, bucket_bytes: int, element_size: int, stages: int) -> tupl
     for ranks in engines:
         for plan in ranks:
             if [t.name for t in plan.targets] != order:
-                raise ValueError(f"engine {plan.engine} rank {plan.rank} receives other tensors than engine 0 rank 0 "
-                                 "(its parameters' shapes differ): one bucket order cannot serve both")
+                raise ValueError(
+                    f"engine {plan.engine} rank {plan.rank} receives other tensors than engine 0 rank 0 "
+                    "(its parameters' shapes differ): one bucket order cannot serve both"
+                )
     queues = {s: [n for n in order if stage_of[n] == s] for s in range(stages)}
     totals = {s: sum(size[n] for n in q) or 1 for s, q in queues.items()}
     done = {s: 0 for s in queues}
@@ -328,4 +389,3 @@ def _buckets(engines, bucket_bytes: int, element_size: int, stages: int) -> tupl
     if current:
         buckets.append(tuple(current))
     return tuple(buckets)
-

@@ -4,6 +4,7 @@ A rank that fails must not leave its peers waiting in a collective it skips, and
 records its exception (RankErrors.run), skips its own remaining work, and still enters the next exchange,
 where every rank learns which ranks failed and all raise the same WeightSyncError.
 """
+
 import torch.distributed as dist
 
 
@@ -43,8 +44,9 @@ class RankErrors:
         if not failed:
             return [p for _, p in gathered]
         rank, message = failed[0]
-        text = (f"{self.what} failed on rank {rank}: {message}"
-                + (f" (and on ranks {[r for r, _ in failed[1:]]})" if len(failed) > 1 else ""))
+        text = f"{self.what} failed on rank {rank}: {message}" + (
+            f" (and on ranks {[r for r, _ in failed[1:]]})" if len(failed) > 1 else ""
+        )
         if self.on_failure is not None:
             self.on_failure(text)
         raise WeightSyncError(text + "; an engine whose update began is stale until a sync succeeds")

@@ -1,4 +1,5 @@
 """Rectangular regions of tensors: (start, length) along each dimension, as the weight plan names them."""
+
 import torch
 
 Region = tuple[tuple[int, int], ...]

@@ -18,6 +18,7 @@ a second, with the engine log's tail) is reported in the next status exchange (r
 raises WeightSyncError naming the rank and the cause, and the engine stays marked stale (engine_state).
 Megatron's weights are only read. What the engine loaded is checked by verification (sync.verify).
 """
+
 import contextlib
 import logging
 import time
@@ -64,10 +65,15 @@ class SyncStats:
         return self.total_bytes / max(self.seconds, 1e-9) / 1e9
 
     def metrics(self) -> dict[str, float]:
-        return {"sync/seconds": self.seconds, "sync/bytes": float(self.total_bytes),
-                "sync/busiest_rank_bytes": float(self.busiest_sender_bytes), "sync/gbps": self.gb_per_s,
-                "sync/version": float(self.version), "sync/buckets": float(self.buckets),
-                "sync/group_bytes": float(self.group_bytes)}
+        return {
+            "sync/seconds": self.seconds,
+            "sync/bytes": float(self.total_bytes),
+            "sync/busiest_rank_bytes": float(self.busiest_sender_bytes),
+            "sync/gbps": self.gb_per_s,
+            "sync/version": float(self.version),
+            "sync/buckets": float(self.buckets),
+            "sync/group_bytes": float(self.group_bytes),
+        }
 
 
 class WeightResharder:
@@ -81,10 +87,22 @@ class WeightResharder:
     on_bucket(bucket index): called on every rank before it writes a bucket (progress; tests inject faults).
     """
 
-    def __init__(self, plan: WeightSyncPlan, local_tensors: dict[str, torch.Tensor], *, engine=None,
-                 engine_dtype: torch.dtype = torch.float32, verify: bool = False, load_format: str = "direct",
-                 on_bucket=None, transport: str = "auto", timeout_s: float | None = None):
-        assert plan.element_size == torch.empty(0, dtype=engine_dtype).element_size(), "plan/engine dtype mismatch"
+    def __init__(
+        self,
+        plan: WeightSyncPlan,
+        local_tensors: dict[str, torch.Tensor],
+        *,
+        engine=None,
+        engine_dtype: torch.dtype = torch.float32,
+        verify: bool = False,
+        load_format: str = "direct",
+        on_bucket=None,
+        transport: str = "auto",
+        timeout_s: float | None = None,
+    ):
+        assert plan.element_size == torch.empty(0, dtype=engine_dtype).element_size(), (
+            "plan/engine dtype mismatch"
+        )
         self.plan, self.local, self.dtype = plan, local_tensors, engine_dtype
         self.verify, self.load_format, self.on_bucket = verify, load_format, on_bucket
         self.rank = dist.get_rank()
@@ -112,21 +130,54 @@ class WeightResharder:
         return None if self._verifier is None else self._verifier.last_reports
 
     @classmethod
-    def for_megatron_worker(cls, worker, placement, sync_cfg, *, engine=None, engine_dtype: str = "float32",
-                            mode: str = "auto", **kwargs) -> "WeightResharder":
+    def for_megatron_worker(
+        cls,
+        worker,
+        placement,
+        sync_cfg,
+        *,
+        engine=None,
+        engine_dtype: str = "float32",
+        mode: str = "auto",
+        **kwargs,
+    ) -> "WeightResharder":
         """The resharder for a MegatronWorker's model (every rank of the placement calls this or, on a rank
         without the worker, for_rollout_rank)."""
-        plan = plan_weight_sync(worker.spec, worker.checkpoint.config, worker.layout, placement,
-                                bucket_bytes=int(sync_cfg.bucket_mb * 2**20),
-                                element_size=torch_dtype(engine_dtype).itemsize, mode=mode,
-                                padded_vocab=worker.chunks[0].vocab_size, engine_device=worker.device.type)
-        return cls(plan, megatron_tensors(worker.chunks, worker.config), engine=engine,
-                   engine_dtype=torch_dtype(engine_dtype), verify=sync_cfg.verify, transport=sync_cfg.transport, **kwargs)
+        plan = plan_weight_sync(
+            worker.spec,
+            worker.checkpoint.config,
+            worker.layout,
+            placement,
+            bucket_bytes=int(sync_cfg.bucket_mb * 2**20),
+            element_size=torch_dtype(engine_dtype).itemsize,
+            mode=mode,
+            padded_vocab=worker.chunks[0].vocab_size,
+            engine_device=worker.device.type,
+        )
+        return cls(
+            plan,
+            megatron_tensors(worker.chunks, worker.config),
+            engine=engine,
+            engine_dtype=torch_dtype(engine_dtype),
+            verify=sync_cfg.verify,
+            transport=sync_cfg.transport,
+            **kwargs,
+        )
 
     @classmethod
-    def for_rollout_rank(cls, model_path: str, layout, placement, sync_cfg, *, engine=None,
-                         engine_dtype: str = "float32", engine_device: str = "cpu", mode: str = "auto",
-                         **kwargs) -> "WeightResharder":
+    def for_rollout_rank(
+        cls,
+        model_path: str,
+        layout,
+        placement,
+        sync_cfg,
+        *,
+        engine=None,
+        engine_dtype: str = "float32",
+        engine_device: str = "cpu",
+        mode: str = "auto",
+        **kwargs,
+    ) -> "WeightResharder":
         """The resharder on a rank that hosts engines and trains nothing (disaggregated placement): the same
         plan as the training ranks' (Megatron's default vocabulary padding, as the worker builds it), no
         tensors of its own to send."""
@@ -134,11 +185,25 @@ class WeightResharder:
         from distflow.models.registry import spec_for
 
         config = HFCheckpoint(model_path).config
-        plan = plan_weight_sync(spec_for(config), config, layout, placement,
-                                bucket_bytes=int(sync_cfg.bucket_mb * 2**20),
-                                element_size=torch_dtype(engine_dtype).itemsize, mode=mode, engine_device=engine_device)
-        return cls(plan, {}, engine=engine, engine_dtype=torch_dtype(engine_dtype), verify=sync_cfg.verify,
-                   transport=sync_cfg.transport, **kwargs)
+        plan = plan_weight_sync(
+            spec_for(config),
+            config,
+            layout,
+            placement,
+            bucket_bytes=int(sync_cfg.bucket_mb * 2**20),
+            element_size=torch_dtype(engine_dtype).itemsize,
+            mode=mode,
+            engine_device=engine_device,
+        )
+        return cls(
+            plan,
+            {},
+            engine=engine,
+            engine_dtype=torch_dtype(engine_dtype),
+            verify=sync_cfg.verify,
+            transport=sync_cfg.transport,
+            **kwargs,
+        )
 
     # ---- the sync ---------------------------------------------------------------------------------------
 
@@ -155,8 +220,9 @@ class WeightResharder:
         sent, group_sent_before = 0, self.group_transport.sent_bytes
         expected: dict = {}  # (engine, rank, name) -> checksum shares
         # A local failure skips this rank's remaining steps and is reported at the next exchange (before any load).
-        errors = RankErrors(f"weight sync to version {version}",
-                            on_failure=self._abort if self.engine is not None else None)
+        errors = RankErrors(
+            f"weight sync to version {version}", on_failure=self._abort if self.engine is not None else None
+        )
         with file_system_sharing():
             if not self._ready:  # first sync (or after a failed one): staging buffers and their handles
                 hosted = errors.run(self.staging.allocate, default=(None, None))
@@ -182,20 +248,35 @@ class WeightResharder:
                     errors.run(self._load_bucket, b)
             if self.engine is not None:
                 errors.run(self._finish, expected)
-            statuses = errors.exchange({"seconds": time.perf_counter() - tic, "sent": sent,
-                                        "group_sent": self.group_transport.sent_bytes - group_sent_before})
+            statuses = errors.exchange(
+                {
+                    "seconds": time.perf_counter() - tic,
+                    "sent": sent,
+                    "group_sent": self.group_transport.sent_bytes - group_sent_before,
+                }
+            )
         self.version = version
         if self.engine is not None:
             state = state_of(self.engine)
             state.version, state.stale_reason = version, None
         seconds = max(s["seconds"] for s in statuses)
         busiest = max(range(len(statuses)), key=lambda r: statuses[r]["sent"])
-        receivers = {(e, r): self.plan.receiver_bytes(e, r) for e in range(len(self.plan.engines))
-                     for r in range(self.plan.engine_tp)}
-        return SyncStats(version=version, seconds=seconds, total_bytes=self.plan.total_bytes,
-                         busiest_sender_bytes=statuses[busiest]["sent"], busiest_sender=busiest,
-                         buckets=len(self.plan.buckets), receiver_bytes=receivers, verified=self.verify,
-                         group_bytes=sum(s["group_sent"] for s in statuses))
+        receivers = {
+            (e, r): self.plan.receiver_bytes(e, r)
+            for e in range(len(self.plan.engines))
+            for r in range(self.plan.engine_tp)
+        }
+        return SyncStats(
+            version=version,
+            seconds=seconds,
+            total_bytes=self.plan.total_bytes,
+            busiest_sender_bytes=statuses[busiest]["sent"],
+            busiest_sender=busiest,
+            buckets=len(self.plan.buckets),
+            receiver_bytes=receivers,
+            verified=self.verify,
+            group_bytes=sum(s["group_sent"] for s in statuses),
+        )
 
     # ---- steps --------------------------------------------------------------------------------------------
 
@@ -211,8 +292,12 @@ class WeightResharder:
         """Opens the other hosts' staging buffers this rank writes into (owners load through handles their
         hosts make: StagingBuffers.hosted_handles). gathered: every rank's (host name, buffer handles)."""
         self.group_transport.set_hostnames([host for host, _ in gathered])
-        needed = {(e, r) for items in self._writes.values() for e, r, *_ in items
-                  if not self.group_transport.via_group(self.rank, self.plan.engines[e][r].host)}
+        needed = {
+            (e, r)
+            for items in self._writes.values()
+            for e, r, *_ in items
+            if not self.group_transport.via_group(self.rank, self.plan.engines[e][r].host)
+        }
         needed |= {(e, r) for items in self._zero_fills.values() for e, r, *_ in items}
         self.staging.open(gathered, needed)
 
@@ -235,7 +320,9 @@ class WeightResharder:
         routed = {transport: [] for transport in self._transports}
         for e, r, target, offset, piece in self._writes.get(b, ()):
             src = narrow(self.local[piece.src_name], piece.src)
-            routed[self._transport_to(self.plan.engines[e][r].host)].append((e, r, target, offset, piece, src))
+            routed[self._transport_to(self.plan.engines[e][r].host)].append(
+                (e, r, target, offset, piece, src)
+            )
             sent += piece.numel * self.plan.element_size
         shares = {}
         with torch.no_grad():
@@ -270,8 +357,13 @@ class WeightResharder:
         load_format = None if self.plan.shared else engine_side.LOAD_COUNTED if split else self.load_format
         # The last load flushes the KV/prefix cache in the scheduler (engine.flush_cache() would also run a
         # full gc.collect() there on CPU: ~0.4 s).
-        self._call(f"load of bucket {b}", "update_weights_from_tensor", named, load_format=load_format,
-                   flush_cache=b == len(self.plan.buckets) - 1)
+        self._call(
+            f"load of bucket {b}",
+            "update_weights_from_tensor",
+            named,
+            load_format=load_format,
+            flush_cache=b == len(self.plan.buckets) - 1,
+        )
 
     def _finish(self, expected: dict):
         self._call("end_weight_update", "end_weight_update")
@@ -284,8 +376,9 @@ class WeightResharder:
     @cached_property
     def _counted_loads(self) -> bool:
         """Whether this engine's loads go through engine_side.load_counted (always for split parameters)."""
-        return not self.plan.shared and (self.load_format == engine_side.LOAD_COUNTED
-                                         or bool(self.plan.row_range_buckets))
+        return not self.plan.shared and (
+            self.load_format == engine_side.LOAD_COUNTED or bool(self.plan.row_range_buckets)
+        )
 
     def _abort(self, reason: str):
         """After a failure: the engine stays stale; close its weight-update session unless it is dead."""
@@ -324,23 +417,32 @@ class WeightResharder:
             for _, _, _, _, piece in items:
                 tensor = self.local.get(piece.src_name)
                 if tensor is None:
-                    raise ValueError(f"rank {self.rank} holds no Megatron parameter {piece.src_name!r} that the weight "
-                                     "plan reads from it (the plan assumes Megatron's even layer split over stages)")
+                    raise ValueError(
+                        f"rank {self.rank} holds no Megatron parameter {piece.src_name!r} that the weight "
+                        "plan reads from it (the plan assumes Megatron's even layer split over stages)"
+                    )
                 if any(s + n > size for (s, n), size in zip(piece.src, tensor.shape)):
-                    raise ValueError(f"rank {self.rank}: {piece.src_name} has shape {tuple(tensor.shape)}, the plan "
-                                     f"reads {piece.src}")
+                    raise ValueError(
+                        f"rank {self.rank}: {piece.src_name} has shape {tuple(tensor.shape)}, the plan "
+                        f"reads {piece.src}"
+                    )
 
     def _device(self) -> torch.device:
         if self.local:
             return next(iter(self.local.values())).device
         # A rollout-only rank stages on its engine's device.
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
 
     def _call(self, what: str, method: str, *args, **kwargs):
         """Calls engine.<method>; raises on SGLang's (False, message) answers, and EngineDiedError (with the
         engine log's tail) on a dead engine, within about a second of the death (engine_health)."""
-        result = engine_health.call(self.engine, f"{what} of the weight sync", getattr(self.engine, method),
-                                    *args, **kwargs)
+        result = engine_health.call(
+            self.engine, f"{what} of the weight sync", getattr(self.engine, method), *args, **kwargs
+        )
         ok, message = (result[0], result[1]) if isinstance(result, tuple) else (result is not False, "")
         if not ok:
             raise RuntimeError(f"engine {what} failed: {message}")
@@ -351,6 +453,7 @@ def _check_engine_args(engine) -> None:
     loaders = list(getattr(getattr(engine, "server_args", None), "custom_weight_loader", None) or [])
     missing = [n for n in engine_side.engine_args()["custom_weight_loader"] if n not in loaders]
     if missing:
-        raise ValueError(f"the engine was started without the weight-sync loaders {missing}; start it with "
-                         "extra_args=distflow.coordination.weights.engine_side.engine_args()")
-
+        raise ValueError(
+            f"the engine was started without the weight-sync loaders {missing}; start it with "
+            "extra_args=distflow.coordination.weights.engine_side.engine_args()"
+        )

@@ -17,6 +17,7 @@ MoE families (Mixtral, Qwen2-MoE, Qwen3-MoE) have the same attention, norms and 
 `hf_full_targets` is the fallback for families without such a mapping and for models SGLang's CPU engine
 pads: every engine rank receives the full HF-named tensors and SGLang's own `load_weights` shards them.
 """
+
 from dataclasses import dataclass
 
 from distflow.coordination.weights.regions import Region, full_region, volume
@@ -75,10 +76,16 @@ class Dims:
     def of(cls, hf_config) -> "Dims":
         cfg = as_config_dict(hf_config)
         heads = cfg["num_attention_heads"]
-        return cls(layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
-                   kv_heads=cfg.get("num_key_value_heads") or heads,
-                   head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, ffn=cfg.get("intermediate_size", 0),
-                   vocab=cfg["vocab_size"], tied=bool(cfg.get("tie_word_embeddings", False)))
+        return cls(
+            layers=cfg["num_hidden_layers"],
+            hidden=cfg["hidden_size"],
+            heads=heads,
+            kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            ffn=cfg.get("intermediate_size", 0),
+            vocab=cfg["vocab_size"],
+            tied=bool(cfg.get("tie_word_embeddings", False)),
+        )
 
 
 def sglang_padded_vocab(vocab: int, engine_tp: int) -> int:
@@ -113,7 +120,8 @@ def sglang_shard_targets(spec, hf_config, engine_tp: int, rank: int) -> list[Tar
     from distflow.coordination.weights import sglang_moe_layout  # here: it builds on this module's helpers
 
     assert spec.sglang_shards, (
-        f"{spec.family}: no SGLang shard layout; use the HF-named fallback (hf_full_targets)")
+        f"{spec.family}: no SGLang shard layout; use the HF-named fallback (hf_full_targets)"
+    )
     d = Dims.of(hf_config)
     if d.heads % engine_tp or (d.kv_heads % engine_tp and engine_tp % d.kv_heads):
         raise ValueError(f"engine_tp={engine_tp} does not fit {d.heads} heads / {d.kv_heads} KV heads")
@@ -127,21 +135,36 @@ def sglang_shard_targets(spec, hf_config, engine_tp: int, rank: int) -> list[Tar
         per = sglang_padded_vocab(d.vocab, engine_tp) // engine_tp
         first = rank * per
         real = max(0, min(per, d.vocab - first))
-        segments = (Segment(name, ((first, real), (0, d.hidden)), ((0, real), (0, d.hidden))),) if real else ()
+        segments = (
+            (Segment(name, ((first, real), (0, d.hidden)), ((0, real), (0, d.hidden))),) if real else ()
+        )
         return TargetSpec(name, (per, d.hidden), segments)
 
     out = [vocab_rows("model.embed_tokens.weight")]
     for layer in range(d.layers):
         p = f"model.layers.{layer}."
         a = p + "self_attn."
-        qkv = [(a + "q_proj.{}", rank * q_rows, q_rows), (a + "k_proj.{}", kv_first * d.head_dim, kv_rows),
-               (a + "v_proj.{}", kv_first * d.head_dim, kv_rows)]
+        qkv = [
+            (a + "q_proj.{}", rank * q_rows, q_rows),
+            (a + "k_proj.{}", kv_first * d.head_dim, kv_rows),
+            (a + "v_proj.{}", kv_first * d.head_dim, kv_rows),
+        ]
         out.append(full(p + "input_layernorm.weight", (d.hidden,)))
-        out.append(rows(a + "qkv_proj.weight", (q_rows + 2 * kv_rows, d.hidden),
-                        [(n.format("weight"), f, c) for n, f, c in qkv]))
+        out.append(
+            rows(
+                a + "qkv_proj.weight",
+                (q_rows + 2 * kv_rows, d.hidden),
+                [(n.format("weight"), f, c) for n, f, c in qkv],
+            )
+        )
         if spec.qkv_bias:
-            out.append(rows(a + "qkv_proj.bias", (q_rows + 2 * kv_rows,),
-                            [(n.format("bias"), f, c) for n, f, c in qkv]))
+            out.append(
+                rows(
+                    a + "qkv_proj.bias",
+                    (q_rows + 2 * kv_rows,),
+                    [(n.format("bias"), f, c) for n, f, c in qkv],
+                )
+            )
         if spec.qk_layernorm:
             out += [full(a + "q_norm.weight", (d.head_dim,)), full(a + "k_norm.weight", (d.head_dim,))]
         out.append(columns(a + "o_proj.weight", a + "o_proj.weight", d.hidden, rank * q_rows, q_rows))
@@ -156,16 +179,22 @@ def sglang_shard_targets(spec, hf_config, engine_tp: int, rank: int) -> list[Tar
     return out
 
 
-def gated_mlp_targets(sglang_prefix: str, hf_prefix: str, ffn: int, hidden: int, engine_tp: int,
-                      rank: int) -> list[TargetSpec]:
+def gated_mlp_targets(
+    sglang_prefix: str, hf_prefix: str, ffn: int, hidden: int, engine_tp: int, rank: int
+) -> list[TargetSpec]:
     """SGLang's tensor-parallel gated MLP (a dense MLP, Qwen2-MoE's shared expert): `gate_up_proj.weight` =
     cat(the rank's gate rows, the rank's up rows), `down_proj.weight` = the rank's columns."""
     if ffn % engine_tp:
         raise ValueError(f"{hf_prefix}: FFN width {ffn} does not split over engine_tp={engine_tp}")
     f = ffn // engine_tp
-    return [rows(sglang_prefix + "gate_up_proj.weight", (2 * f, hidden),
-                 [(hf_prefix + "gate_proj.weight", rank * f, f), (hf_prefix + "up_proj.weight", rank * f, f)]),
-            columns(sglang_prefix + "down_proj.weight", hf_prefix + "down_proj.weight", hidden, rank * f, f)]
+    return [
+        rows(
+            sglang_prefix + "gate_up_proj.weight",
+            (2 * f, hidden),
+            [(hf_prefix + "gate_proj.weight", rank * f, f), (hf_prefix + "up_proj.weight", rank * f, f)],
+        ),
+        columns(sglang_prefix + "down_proj.weight", hf_prefix + "down_proj.weight", hidden, rank * f, f),
+    ]
 
 
 def rows(name: str, shape: tuple[int, ...], parts) -> TargetSpec:
@@ -181,7 +210,9 @@ def rows(name: str, shape: tuple[int, ...], parts) -> TargetSpec:
 
 def columns(name: str, hf: str, rows_: int, first: int, count: int) -> TargetSpec:
     """Target = columns first .. first+count of the 2-D HF tensor `hf`."""
-    return TargetSpec(name, (rows_, count), (Segment(hf, ((0, rows_), (first, count)), ((0, rows_), (0, count))),))
+    return TargetSpec(
+        name, (rows_, count), (Segment(hf, ((0, rows_), (first, count)), ((0, rows_), (0, count))),)
+    )
 
 
 def full(name: str, shape: tuple[int, ...], hf: str | None = None) -> TargetSpec:
@@ -230,12 +261,21 @@ def dense_hf_shape(name: str, d: Dims) -> tuple[int, ...]:
     """The shape of a dense family's HF tensor, from the config alone."""
     q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
     by_suffix = {
-        "embed_tokens.weight": (d.vocab, d.hidden), "lm_head.weight": (d.vocab, d.hidden),
-        "layernorm.weight": (d.hidden,), "model.norm.weight": (d.hidden,),
-        "q_proj.weight": (q, d.hidden), "k_proj.weight": (kv, d.hidden), "v_proj.weight": (kv, d.hidden),
-        "q_proj.bias": (q,), "k_proj.bias": (kv,), "v_proj.bias": (kv,), "o_proj.weight": (d.hidden, q),
-        "q_norm.weight": (d.head_dim,), "k_norm.weight": (d.head_dim,),
-        "gate_proj.weight": (d.ffn, d.hidden), "up_proj.weight": (d.ffn, d.hidden),
+        "embed_tokens.weight": (d.vocab, d.hidden),
+        "lm_head.weight": (d.vocab, d.hidden),
+        "layernorm.weight": (d.hidden,),
+        "model.norm.weight": (d.hidden,),
+        "q_proj.weight": (q, d.hidden),
+        "k_proj.weight": (kv, d.hidden),
+        "v_proj.weight": (kv, d.hidden),
+        "q_proj.bias": (q,),
+        "k_proj.bias": (kv,),
+        "v_proj.bias": (kv,),
+        "o_proj.weight": (d.hidden, q),
+        "q_norm.weight": (d.head_dim,),
+        "k_norm.weight": (d.head_dim,),
+        "gate_proj.weight": (d.ffn, d.hidden),
+        "up_proj.weight": (d.ffn, d.hidden),
         "down_proj.weight": (d.hidden, d.ffn),
     }
     for suffix, shape in by_suffix.items():
@@ -246,4 +286,3 @@ def dense_hf_shape(name: str, d: Dims) -> tuple[int, ...]:
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
-

@@ -18,6 +18,7 @@ Not covered: SGLang's expert parallelism (--ep-size > 1: each engine rank would 
 and GPU backends that re-lay w13 out after loading (SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED, AMX packing, aiter
 shuffles); the first sync's layout check fails on a shape difference, not on such a permutation.
 """
+
 from distflow.coordination.weights.sglang_layout import Segment, TargetSpec, full, gated_mlp_targets
 from distflow.models.moe import num_experts
 from distflow.models.spec import as_config_dict
@@ -41,14 +42,21 @@ def moe_block_targets(spec, hf_config, engine_tp: int, rank: int, layer: int) ->
     w13, w2 = [], []
     for e in range(experts):
         for half, projection in enumerate((gate, up)):
-            w13.append(Segment(expert(e, projection), ((rank * f, f), (0, hidden)),
-                               ((e, 1), (half * f, f), (0, hidden))))
+            w13.append(
+                Segment(
+                    expert(e, projection), ((rank * f, f), (0, hidden)), ((e, 1), (half * f, f), (0, hidden))
+                )
+            )
         w2.append(Segment(expert(e, down), ((0, hidden), (rank * f, f)), ((e, 1), (0, hidden), (0, f))))
-    out = [full(prefix + "gate.weight", (experts, hidden)),
-           TargetSpec(prefix + "experts.w13_weight", (experts, 2 * f, hidden), tuple(w13)),
-           TargetSpec(prefix + "experts.w2_weight", (experts, hidden, f), tuple(w2))]
+    out = [
+        full(prefix + "gate.weight", (experts, hidden)),
+        TargetSpec(prefix + "experts.w13_weight", (experts, 2 * f, hidden), tuple(w13)),
+        TargetSpec(prefix + "experts.w2_weight", (experts, hidden, f), tuple(w2)),
+    ]
     if spec.shared_expert:
         shared = prefix + "shared_expert."
-        out += gated_mlp_targets(shared, shared, cfg["shared_expert_intermediate_size"], hidden, engine_tp, rank)
+        out += gated_mlp_targets(
+            shared, shared, cfg["shared_expert_intermediate_size"], hidden, engine_tp, rank
+        )
         out.append(full(prefix + "shared_expert_gate.weight", (1, hidden)))
     return out

@@ -10,6 +10,7 @@ through group_transport, which has the same interface:
 items: [(engine, engine rank, target, staging offset, piece, source view)]; shares: {(engine, engine rank,
 parameter name): checksum share of what this rank wrote} when sync.verify is on, else {}.
 """
+
 from distflow.coordination.weights import checksum as wsum
 from distflow.coordination.weights.regions import narrow
 

@@ -6,6 +6,7 @@ memory (CUDA IPC memory on GPU), each the size of that rank's largest bucket, al
 (shared_memory_transport), and the engine's owner hands SGLang views of them. Buckets alternate between
 the two buffers (slot b % 2), so ranks fill bucket b+1 while the owner loads bucket b.
 """
+
 import contextlib
 import socket
 
@@ -31,11 +32,15 @@ class StagingBuffers:
         for e, ranks in enumerate(self.plan.engines):
             for rp in ranks:
                 if rp.host == self.rank:
-                    numel = max(sum(t.numel for t in self.plan.bucket_targets(b, e, rp.rank))
-                                for b in range(len(self.plan.buckets)))
+                    numel = max(
+                        sum(t.numel for t in self.plan.bucket_targets(b, e, rp.rank))
+                        for b in range(len(self.plan.buckets))
+                    )
                     for slot in (0, 1):
                         self.buffers[(e, rp.rank, slot)] = shared_empty(numel, self.dtype, self.device)
-        return socket.gethostname(), {k: MultiprocessingSerializer.serialize(v) for k, v in self.buffers.items()}
+        return socket.gethostname(), {
+            k: MultiprocessingSerializer.serialize(v) for k, v in self.buffers.items()
+        }
 
     def open(self, gathered: list, needed: set) -> None:
         """Opens the other hosts' buffers of the engine ranks in `needed` ({(engine, engine rank)}).
@@ -51,12 +56,13 @@ class StagingBuffers:
                 if host != here:
                     raise ValueError(
                         f"engine {e} rank {r} is staged on rank {rank} ({host}), another node than rank {self.rank} "
-                        f"({here}): shared memory cannot reach it; use sync.transport=auto or process_group")
+                        f"({here}): shared memory cannot reach it; use sync.transport=auto or process_group"
+                    )
                 self.buffers[(e, r, slot)] = MultiprocessingSerializer.deserialize(handle)
 
     def target_view(self, b: int, e: int, r: int, offset: int, target) -> torch.Tensor:
         """Bucket b's tensor `target` (at `offset` in the bucket) in engine rank (e, r)'s buffer, in its shape."""
-        return self.buffers[(e, r, b % 2)][offset:offset + target.numel].view(target.shape)
+        return self.buffers[(e, r, b % 2)][offset : offset + target.numel].view(target.shape)
 
     def views(self, b: int, e: int, rp) -> list[torch.Tensor]:
         """Bucket b's tensors in engine rank rp's buffer, in bucket order."""
@@ -72,7 +78,7 @@ class StagingBuffers:
         engine rank, target, offset)]. Before any write of the bucket, so there is no race with writers."""
         for e, r, target, offset in fills:
             first, count = target.padding_rows
-            self.target_view(b, e, r, offset, target)[first:first + count].zero_()
+            self.target_view(b, e, r, offset, target)[first : first + count].zero_()
 
     def hosted_handles(self, b: int) -> dict:
         """(engine, engine rank) -> a handle per tensor of bucket b, for the engine ranks this rank hosts and

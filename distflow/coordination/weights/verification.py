@@ -7,6 +7,7 @@
 - Counted loads (engine_side.load_counted): what a loader could not load is recorded in the engine (raising
   there would kill the scheduler) and reported here.
 """
+
 import os
 import tempfile
 
@@ -36,8 +37,13 @@ class EngineVerifier:
             out = os.path.join(tmp, "report.pt")
             self.call("begin_weight_update (probe)", "begin_weight_update")
             try:
-                self.call("probe", "update_weights_from_tensor", engine_side.probe_request(out, checksums),
-                          load_format=engine_side.PROBE, flush_cache=False)
+                self.call(
+                    "probe",
+                    "update_weights_from_tensor",
+                    engine_side.probe_request(out, checksums),
+                    load_format=engine_side.PROBE,
+                    flush_cache=False,
+                )
             finally:
                 self.call("end_weight_update (probe)", "end_weight_update")
             return torch.load(out)
@@ -52,9 +58,11 @@ class EngineVerifier:
             planned = {name: tuple(shape) for name, shape in rp.param_shapes.items()}
             for name in sorted(set(engine_params) | set(planned)):
                 if engine_params.get(name) != planned.get(name):
-                    raise ValueError(f"engine rank {rp.rank}: parameter {name!r} has shape {engine_params.get(name)} "
-                                     f"in the engine but {planned.get(name)} in the weight plan "
-                                     "(None: absent); the family's SGLang layout does not match this engine")
+                    raise ValueError(
+                        f"engine rank {rp.rank}: parameter {name!r} has shape {engine_params.get(name)} "
+                        f"in the engine but {planned.get(name)} in the weight plan "
+                        "(None: absent); the family's SGLang layout does not match this engine"
+                    )
 
     def raise_load_errors(self, reports: list[dict]) -> None:
         for rp, report in zip(self.plan.engines[self.engine_index], reports):
@@ -73,11 +81,16 @@ class EngineVerifier:
             report = reports[rp.rank]
             for b, names in enumerate(self.plan.buckets):
                 # A parameter sent in row ranges is checked whole, at its last range's bucket.
-                params = [t.param_name for t in map(rp.by_name.get, names)
-                          if t.param is None or t.row_offset + t.shape[0] == t.param_rows]
+                params = [
+                    t.param_name
+                    for t in map(rp.by_name.get, names)
+                    if t.param is None or t.row_offset + t.shape[0] == t.param_rows
+                ]
                 want = {n: wsum.combine(expected.get((e, rp.rank, n), [])) for n in params}
                 got = {n: report["params"][n]["checksum"] for n in params}
                 if want != got:
                     bad = [n for n in params if want[n] != got[n]]
-                    raise WeightVerifyError(f"bucket {b}: engine {e} rank {rp.rank} holds different weights than "
-                                            f"the trainer sent for {bad}")
+                    raise WeightVerifyError(
+                        f"bucket {b}: engine {e} rank {rp.rank} holds different weights than "
+                        f"the trainer sent for {bad}"
+                    )

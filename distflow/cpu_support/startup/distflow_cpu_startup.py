@@ -10,6 +10,7 @@ The hook costs nothing at start-up: it only registers an import finder. When tor
 imported it defines the missing schemas, and only on a torch without CUDA. This module must not import
 distflow (it runs before site-packages are fully set up).
 """
+
 import importlib.abc
 import sys
 

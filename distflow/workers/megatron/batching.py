@@ -7,6 +7,7 @@ A batch is a dict of tensors whose first dimension is the row (one sequence each
 Micro-batches are padded to their own longest row, so the cost of a micro-batch is rows x that length
 ("padded tokens"); the token budget (dynamic batching) bounds this number.
 """
+
 import math
 
 import torch
@@ -45,13 +46,15 @@ def token_budget_micro_batches(lengths: list[int], max_tokens: int, multiple_of:
     """
     longest = max(lengths, default=0)
     if longest > max_tokens or max_tokens < 1:
-        raise ValueError(f"max_tokens_per_micro_batch={max_tokens} is smaller than the longest sequence "
-                         f"({longest} tokens); raise it to at least {longest}")
+        raise ValueError(
+            f"max_tokens_per_micro_batch={max_tokens} is smaller than the longest sequence "
+            f"({longest} tokens); raise it to at least {longest}"
+        )
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     filled, start = [], 0
     while start < len(order):
         capacity = max_tokens // max(lengths[order[start]], 1)
-        filled.append(order[start:start + capacity])
+        filled.append(order[start : start + capacity])
         start += capacity
     count = _round_up(max(1, len(filled)), multiple_of)
     _check_enough_rows(len(lengths), count, multiple_of)
@@ -81,7 +84,7 @@ def _balance(lengths, order, count, max_tokens):
 def _split_largest(lengths, groups):
     largest = max(range(len(groups)), key=lambda g: (len(groups[g]) > 1, padded_cost(lengths, groups[g])))
     rows = groups[largest]
-    return groups[:largest] + [rows[:len(rows) // 2], rows[len(rows) // 2:]] + groups[largest + 1:]
+    return groups[:largest] + [rows[: len(rows) // 2], rows[len(rows) // 2 :]] + groups[largest + 1 :]
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -90,8 +93,10 @@ def _round_up(value: int, multiple: int) -> int:
 
 def _check_enough_rows(num_rows: int, count: int, multiple_of: int) -> None:
     if num_rows < count:
-        raise ValueError(f"{num_rows} rows cannot fill {count} micro-batches (the interleaved pipeline "
-                         f"schedule needs a multiple of {multiple_of}); give each data-parallel rank more rows")
+        raise ValueError(
+            f"{num_rows} rows cannot fill {count} micro-batches (the interleaved pipeline "
+            f"schedule needs a multiple of {multiple_of}); give each data-parallel rank more rows"
+        )
 
 
 def select_rows(batch: dict, rows) -> dict:
@@ -115,8 +120,13 @@ def trim_to(batch: dict, length: int) -> dict:
     return out
 
 
-def micro_batch(batch: dict, rows: list[int], lengths: list[int], pad_multiple: int = 1,
-                shape: tuple[int, int] | None = None) -> dict:
+def micro_batch(
+    batch: dict,
+    rows: list[int],
+    lengths: list[int],
+    pad_multiple: int = 1,
+    shape: tuple[int, int] | None = None,
+) -> dict:
     """The rows of one micro-batch, trimmed to its longest row (rounded up to `pad_multiple`, e.g. the TP
     size under sequence parallelism, which splits the sequence over TP ranks).
 
@@ -134,8 +144,10 @@ def micro_batch(batch: dict, rows: list[int], lengths: list[int], pad_multiple: 
 
 def uniform_shape(row_groups: list[list[int]], lengths: list[int], pad_multiple: int = 1) -> tuple[int, int]:
     """(rows, length) that holds every micro-batch of row_groups."""
-    return (max(len(g) for g in row_groups),
-            _round_up(max(1, max(lengths[i] for g in row_groups for i in g)), pad_multiple))
+    return (
+        max(len(g) for g in row_groups),
+        _round_up(max(1, max(lengths[i] for g in row_groups for i in g)), pad_multiple),
+    )
 
 
 def mini_batch_ranges(num_rows: int, rows_per_mini_batch: int) -> list[range]:
@@ -144,12 +156,13 @@ def mini_batch_ranges(num_rows: int, rows_per_mini_batch: int) -> list[range]:
     return [range(s, min(s + size, num_rows)) for s in range(0, num_rows, size)]
 
 
-def scatter_rows(parts: list[torch.Tensor], row_groups: list[list[int]], num_rows: int,
-                 seq_len: int) -> torch.Tensor:
+def scatter_rows(
+    parts: list[torch.Tensor], row_groups: list[list[int]], num_rows: int, seq_len: int
+) -> torch.Tensor:
     """Reassembles per-micro-batch [rows_i (+ padding rows), len_i] outputs into one [num_rows, seq_len] tensor
     (0-padded)."""
     out = torch.zeros(num_rows, seq_len, dtype=parts[0].dtype, device=parts[0].device)
     for part, rows in zip(parts, row_groups):
         width = min(part.shape[1], seq_len)
-        out[torch.as_tensor(rows, device=out.device), :width] = part[:len(rows), :width]  # no padding rows
+        out[torch.as_tensor(rows, device=out.device), :width] = part[: len(rows), :width]  # no padding rows
     return out

@@ -5,6 +5,7 @@ already in Megatron's parallel_state (distflow.distributed). With virtual pipeli
 a rank holds vpp model chunks (Megatron's interleaved schedule); everything here returns a list of
 chunks, one element without it.
 """
+
 import warnings
 from dataclasses import dataclass
 
@@ -16,12 +17,15 @@ from distflow.config.schema import MegatronRoleConfig, OptimizerConfig
 @dataclass
 class GPTBuildSpec:
     """What GPTModel needs beyond TransformerConfig; produced by a family spec from a HF config."""
+
     vocab_size: int  # padded for TP (distflow.models.tp_sharding.padded_vocab_size)
     max_sequence_length: int
     tie_embeddings: bool
     rotary_base: float
     layer_spec: object
-    rope_scaling: bool = False  # Llama 3.1's "llama3" frequency scaling (distflow.models.spec.check_rope_scaling)
+    rope_scaling: bool = (
+        False  # Llama 3.1's "llama3" frequency scaling (distflow.models.spec.check_rope_scaling)
+    )
     rope_scaling_factor: float = 8.0
 
 
@@ -39,25 +43,32 @@ def transformer_config(spec, hf_config: dict, role_cfg: MegatronRoleConfig, dtyp
     pp = ps.get_pipeline_model_parallel_world_size()
     vpp = ps.get_virtual_pipeline_model_parallel_world_size()
     layout = dict(
-        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(), pipeline_model_parallel_size=pp,
+        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=vpp if vpp and vpp > 1 else None,
         context_parallel_size=ps.get_context_parallel_world_size(),
         expert_model_parallel_size=ps.get_expert_model_parallel_world_size(),
         expert_tensor_parallel_size=ps.get_expert_tensor_parallel_world_size(),
-        sequence_parallel=role_cfg.sequence_parallel)
+        sequence_parallel=role_cfg.sequence_parallel,
+    )
     clash = set(layout) & set(role_cfg.megatron)
     assert not clash, f"megatron passthrough {sorted(clash)}: parallel sizes come from the role's layout"
     options = dict(
-        use_cpu_initialization=device == "cpu", params_dtype=torch.float32, pipeline_dtype=dtype,
-        bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        use_cpu_initialization=device == "cpu",
+        params_dtype=torch.float32,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
         variable_seq_lengths=pp > 1 and not shapes_exchange_unsafe(pp, vpp),
         # Interleaved schedule: Megatron-LM's own setting (its batched P2P pairs a 2-rank ring's two
         # directions in posting order, which delivers gradients into activation buffers at pp=2).
         batch_p2p_comm=not (vpp and vpp > 1),
-        recompute_granularity=role_cfg.recompute_granularity, recompute_method=role_cfg.recompute_method,
+        recompute_granularity=role_cfg.recompute_granularity,
+        recompute_method=role_cfg.recompute_method,
         recompute_num_layers=role_cfg.recompute_num_layers,
         # Megatron refuses the default allgather MoE dispatcher with variable_seq_lengths (dense models too).
-        moe_token_dispatcher_type="alltoall")
+        moe_token_dispatcher_type="alltoall",
+    )
     options.update(role_cfg.megatron)
     return TransformerConfig(**spec.transformer_config_kwargs(hf_config, **layout, **options))
 
@@ -86,26 +97,42 @@ def build_model_chunks(config, build: GPTBuildSpec, untie_output: bool = False) 
     chunks = []
     for vp_stage in range(vpp or 1):
         stage = vp_stage if vpp else None
-        chunks.append(GPTModel(
-            config=config, transformer_layer_spec=build.layer_spec, vocab_size=build.vocab_size,
-            max_sequence_length=build.max_sequence_length,
-            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
-            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
-            share_embeddings_and_output_weights=build.tie_embeddings and not untie_output,
-            position_embedding_type="rope", vp_stage=stage, rope_scaling=build.rope_scaling,
-            rope_scaling_factor=build.rope_scaling_factor,
-            rotary_base=int(build.rotary_base) if float(build.rotary_base).is_integer() else build.rotary_base))
+        chunks.append(
+            GPTModel(
+                config=config,
+                transformer_layer_spec=build.layer_spec,
+                vocab_size=build.vocab_size,
+                max_sequence_length=build.max_sequence_length,
+                pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
+                post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
+                share_embeddings_and_output_weights=build.tie_embeddings and not untie_output,
+                position_embedding_type="rope",
+                vp_stage=stage,
+                rope_scaling=build.rope_scaling,
+                rope_scaling_factor=build.rope_scaling_factor,
+                rotary_base=int(build.rotary_base)
+                if float(build.rotary_base).is_integer()
+                else build.rotary_base,
+            )
+        )
     return chunks
 
 
 def wrap_for_training(chunks: list, config, use_distributed_optimizer: bool) -> list:
     """Megatron DDP around every chunk (grads in fp32 buffers, reduced over the data-parallel group)."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
 
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True,
-                                               use_distributed_optimizer=use_distributed_optimizer)
-    wrapped = [DistributedDataParallel(config, ddp_config, module=chunk, disable_bucketing=index > 0)
-               for index, chunk in enumerate(wrap_for_inference(chunks, config))]
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, use_distributed_optimizer=use_distributed_optimizer
+    )
+    wrapped = [
+        DistributedDataParallel(config, ddp_config, module=chunk, disable_bucketing=index > 0)
+        for index, chunk in enumerate(wrap_for_inference(chunks, config))
+    ]
     config.finalize_model_grads_func = finalize_model_grads
     return wrapped
 
@@ -132,23 +159,44 @@ def build_optimizer(optim: OptimizerConfig, ddp_chunks: list, config, total_step
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     fields = dict(
-        optimizer="adam", lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
-        adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
-        clip_grad=optim.clip_grad, bf16=config.bf16, fp16=config.fp16, params_dtype=config.params_dtype,
-        use_distributed_optimizer=optim.use_distributed_optimizer)
+        optimizer="adam",
+        lr=optim.lr,
+        min_lr=optim.min_lr,
+        weight_decay=optim.weight_decay,
+        adam_beta1=optim.adam_beta1,
+        adam_beta2=optim.adam_beta2,
+        adam_eps=optim.adam_eps,
+        clip_grad=optim.clip_grad,
+        bf16=config.bf16,
+        fp16=config.fp16,
+        params_dtype=config.params_dtype,
+        use_distributed_optimizer=optim.use_distributed_optimizer,
+    )
     clash = set(fields) & set(optim.megatron)
-    assert not clash, f"optim.megatron passthrough {sorted(clash)}: set by DistFlow from optim.* / model.dtype"
+    assert not clash, (
+        f"optim.megatron passthrough {sorted(clash)}: set by DistFlow from optim.* / model.dtype"
+    )
     if optim.megatron.get("optimizer_cpu_offload") and not torch.cuda.is_available():
-        raise ValueError("optim.megatron.optimizer_cpu_offload=true needs CUDA: Megatron's HybridDeviceOptimizer "
-                         "moves states over CUDA streams; on CPU the optimizer states already live in host memory")
+        raise ValueError(
+            "optim.megatron.optimizer_cpu_offload=true needs CUDA: Megatron's HybridDeviceOptimizer "
+            "moves states over CUDA streams; on CPU the optimizer states already live in host memory"
+        )
     with warnings.catch_warnings():  # "TE and Apex are not installed. Falling back to Torch optimizers."
         warnings.simplefilter("ignore")
         optimizer = get_megatron_optimizer(MegatronOptimizerConfig(**fields, **optim.megatron), ddp_chunks)
     decay_steps = max(total_steps, optim.lr_warmup_steps) + 1
     scheduler = OptimizerParamScheduler(
-        optimizer, init_lr=0.0 if optim.lr_warmup_steps else optim.lr, max_lr=optim.lr, min_lr=optim.min_lr,
-        lr_warmup_steps=optim.lr_warmup_steps, lr_decay_steps=decay_steps, lr_decay_style=optim.lr_decay_style,
-        start_wd=optim.weight_decay, end_wd=optim.weight_decay, wd_incr_steps=decay_steps,
-        wd_incr_style="constant")
+        optimizer,
+        init_lr=0.0 if optim.lr_warmup_steps else optim.lr,
+        max_lr=optim.lr,
+        min_lr=optim.min_lr,
+        lr_warmup_steps=optim.lr_warmup_steps,
+        lr_decay_steps=decay_steps,
+        lr_decay_style=optim.lr_decay_style,
+        start_wd=optim.weight_decay,
+        end_wd=optim.weight_decay,
+        wd_incr_steps=decay_steps,
+        wd_incr_style="constant",
+    )
     scheduler.step(increment=1)  # lr(1) for the first update (see the convention above)
     return optimizer, scheduler

@@ -8,6 +8,7 @@ shapes are compared with the model built from model.path before anything is read
 ValueError naming the field or tensor. Only the model is read (an RL checkpoint's optimizer state stays:
 the run starts a fresh optimizer, as from HF weights).
 """
+
 import warnings
 from pathlib import Path
 
@@ -18,8 +19,9 @@ from distflow.models.checkpoint_import import sharded_state_dict
 _HEAD_PREFIX = "output_layer."
 
 
-def load_dist_checkpoint_weights(chunks: list, path, role: str, hf_config: dict, model_path,
-                                 keep_fresh_head: bool = False) -> Path:
+def load_dist_checkpoint_weights(
+    chunks: list, path, role: str, hf_config: dict, model_path, keep_fresh_head: bool = False
+) -> Path:
     """Reads this rank's shards of the checkpoint `path` into the role's chunks (GPTModel, unwrapped);
     collective over the training ranks. Returns the folder read.
 
@@ -49,10 +51,13 @@ def load_dist_checkpoint_weights(chunks: list, path, role: str, hf_config: dict,
         if have != want and not (sh.allow_shape_mismatch and have[1:] == want[1:]):
             problems.append(f"{sh.key}: {have} in the checkpoint, {want} for model.path's config")
     if problems:
-        raise ValueError(f"{field}={folder} does not hold the model of model.path={model_path}: "
-                         + "; ".join(problems[:8]) + (f" (+{len(problems) - 8} more)" if len(problems) > 8 else "")
-                         + f". Convert model.path with tools/convert_hf_to_megatron.py, or set model.path to the "
-                         "model the checkpoint was trained from")
+        raise ValueError(
+            f"{field}={folder} does not hold the model of model.path={model_path}: "
+            + "; ".join(problems[:8])
+            + (f" (+{len(problems) - 8} more)" if len(problems) > 8 else "")
+            + ". Convert model.path with tools/convert_hf_to_megatron.py, or set model.path to the "
+            "model the checkpoint was trained from"
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loaded = dist_checkpointing.load(state, str(folder))
@@ -61,11 +66,15 @@ def load_dist_checkpoint_weights(chunks: list, path, role: str, hf_config: dict,
     parts = [loaded] if len(chunks) == 1 else [loaded[f"model{i}"] for i in range(len(chunks))]
     for chunk, part in zip(chunks, parts):
         missing, unexpected = chunk.load_state_dict(part, strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state")
-                   and not (keep_fresh_head and k.startswith(_HEAD_PREFIX))]
+        missing = [
+            k
+            for k in missing
+            if not k.endswith("_extra_state") and not (keep_fresh_head and k.startswith(_HEAD_PREFIX))
+        ]
         if missing or unexpected:
-            raise RuntimeError(f"{field}={folder}: loading left parameters unset {missing} or gave unknown "
-                               f"ones {unexpected}")
+            raise RuntimeError(
+                f"{field}={folder}: loading left parameters unset {missing} or gave unknown ones {unexpected}"
+            )
     return folder
 
 
@@ -75,12 +84,18 @@ def _check_recorded_model(folder: Path, field: str, hf_config: dict, model_path)
     if source is None or "hf_config" not in source:
         return  # an older RL checkpoint: the tensor shapes are still compared
     recorded = source["hf_config"]
-    diff = [f"{k}={recorded.get(k)} (model.path: {hf_config.get(k)})" for k in MODEL_FIELDS
-            if recorded.get(k) != hf_config.get(k)]
+    diff = [
+        f"{k}={recorded.get(k)} (model.path: {hf_config.get(k)})"
+        for k in MODEL_FIELDS
+        if recorded.get(k) != hf_config.get(k)
+    ]
     if diff:
-        raise ValueError(f"{field}={folder} was made from another model than model.path={model_path}: "
-                         + ", ".join(diff) + ". Set model.path to the HF model the checkpoint came from "
-                         f"(recorded: {source.get('hf_source_dir', 'unknown')})")
+        raise ValueError(
+            f"{field}={folder} was made from another model than model.path={model_path}: "
+            + ", ".join(diff)
+            + ". Set model.path to the HF model the checkpoint came from "
+            f"(recorded: {source.get('hf_source_dir', 'unknown')})"
+        )
 
 
 def _without_head_unless_stored(state: dict, stored: dict) -> dict:
@@ -94,6 +109,10 @@ def _without_head_unless_stored(state: dict, stored: dict) -> dict:
         return value.key in stored and tuple(stored[value.key].size) == tuple(value.global_shape)
 
     def strip(d):  # one chunk's flat dict, or {"model0": ..., "model1": ...} with VPP
-        return {k: strip(v) if isinstance(v, dict) else v for k, v in d.items() if isinstance(v, dict) or keep(k, v)}
+        return {
+            k: strip(v) if isinstance(v, dict) else v
+            for k, v in d.items()
+            if isinstance(v, dict) or keep(k, v)
+        }
 
     return strip(state)

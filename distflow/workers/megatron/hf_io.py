@@ -6,11 +6,17 @@ gather_hf_state: collects every rank's shard on rank 0 and returns the HF state 
 the whole model in rank 0's memory, which is right for tiny and small models (smoke runs, tests); large
 models are exported stage by stage by the conversion tool.
 """
+
 import torch
 import torch.distributed as dist
 
-from distflow.models.conversion import (HFCheckpoint, hf_to_megatron_shard, megatron_full_to_hf, megatron_shards_to_full,
-                                        merge_expert_parallel)
+from distflow.models.conversion import (
+    HFCheckpoint,
+    hf_to_megatron_shard,
+    megatron_full_to_hf,
+    megatron_shards_to_full,
+    merge_expert_parallel,
+)
 from distflow.models.tp_sharding import is_expert_param
 
 
@@ -26,7 +32,9 @@ def _vp_stages(chunks: list) -> list:
     return list(range(len(chunks))) if len(chunks) > 1 else [getattr(chunks[0], "vp_stage", None)]
 
 
-def load_hf_weights(chunks: list, spec, checkpoint: HFCheckpoint, config, skip_output_layer: bool = False) -> None:
+def load_hf_weights(
+    chunks: list, spec, checkpoint: HFCheckpoint, config, skip_output_layer: bool = False
+) -> None:
     """Copies this rank's slices of `checkpoint` into each of its model chunks (GPTModel, unwrapped).
 
     Every parameter must be covered, except the output layer with skip_output_layer (the critic's value
@@ -38,24 +46,39 @@ def load_hf_weights(chunks: list, spec, checkpoint: HFCheckpoint, config, skip_o
     for chunk, vp_stage in zip(chunks, _vp_stages(chunks)):
         offset, count = chunk_layers(config, chunk, vp_stage)
         shard = hf_to_megatron_shard(
-            spec, cfg, checkpoint.get, tp_rank=ps.get_tensor_model_parallel_rank(),
-            tp_size=ps.get_tensor_model_parallel_world_size(), layer_offset=offset, num_layers=count,
-            pre_process=chunk.pre_process, post_process=chunk.post_process,
-            ep_rank=ps.get_expert_model_parallel_rank(), ep_size=ps.get_expert_model_parallel_world_size(),
-            etp_rank=ps.get_expert_tensor_parallel_rank(), etp_size=ps.get_expert_tensor_parallel_world_size(),
-            padded_vocab_size=chunk.vocab_size)
+            spec,
+            cfg,
+            checkpoint.get,
+            tp_rank=ps.get_tensor_model_parallel_rank(),
+            tp_size=ps.get_tensor_model_parallel_world_size(),
+            layer_offset=offset,
+            num_layers=count,
+            pre_process=chunk.pre_process,
+            post_process=chunk.post_process,
+            ep_rank=ps.get_expert_model_parallel_rank(),
+            ep_size=ps.get_expert_model_parallel_world_size(),
+            etp_rank=ps.get_expert_tensor_parallel_rank(),
+            etp_size=ps.get_expert_tensor_parallel_world_size(),
+            padded_vocab_size=chunk.vocab_size,
+        )
         if skip_output_layer:
             shard = {k: v for k, v in shard.items() if not k.startswith("output_layer.")}
         missing, unexpected = chunk.load_state_dict(shard, strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state")
-                   and not (skip_output_layer and k.startswith("output_layer."))]
+        missing = [
+            k
+            for k in missing
+            if not k.endswith("_extra_state") and not (skip_output_layer and k.startswith("output_layer."))
+        ]
         if missing or unexpected:
-            raise RuntimeError(f"{checkpoint.model_dir}: the {spec.family} mapping left parameters unset {missing} "
-                               f"or produced unknown ones {unexpected}")
+            raise RuntimeError(
+                f"{checkpoint.model_dir}: the {spec.family} mapping left parameters unset {missing} "
+                f"or produced unknown ones {unexpected}"
+            )
 
 
-def gather_hf_state(chunks: list, spec, hf_config: dict, config, tensors: str = "params",
-                    skip_output_layer: bool = False) -> dict[str, torch.Tensor] | None:
+def gather_hf_state(
+    chunks: list, spec, hf_config: dict, config, tensors: str = "params", skip_output_layer: bool = False
+) -> dict[str, torch.Tensor] | None:
     """HF-named full tensors of the whole model on global rank 0 (None elsewhere).
 
     tensors="params" gathers the weights; "grads" gathers the gradients Megatron DDP accumulated
@@ -73,12 +96,20 @@ def gather_hf_state(chunks: list, spec, hf_config: dict, config, tensors: str = 
         else:
             assert tensors == "grads", f"tensors={tensors!r}: 'params' or 'grads'"
             items = [(n, p.main_grad) for n, p in chunk.named_parameters()]
-        state = {k: v.detach().float().cpu() if v.is_floating_point() else v.cpu() for k, v in items
-                 if not k.endswith("_extra_state") and not (skip_output_layer and k.startswith("output_layer."))}
+        state = {
+            k: v.detach().float().cpu() if v.is_floating_point() else v.cpu()
+            for k, v in items
+            if not k.endswith("_extra_state") and not (skip_output_layer and k.startswith("output_layer."))
+        }
         mine.append((vp_stage or 0, offset, state))
-    key = dict(pp=ps.get_pipeline_model_parallel_rank(), tp=ps.get_tensor_model_parallel_rank(),
-               dp=ps.get_data_parallel_rank(), ep=ps.get_expert_model_parallel_rank(),
-               etp=ps.get_expert_tensor_parallel_rank(), edp=ps.get_expert_data_parallel_rank())
+    key = dict(
+        pp=ps.get_pipeline_model_parallel_rank(),
+        tp=ps.get_tensor_model_parallel_rank(),
+        dp=ps.get_data_parallel_rank(),
+        ep=ps.get_expert_model_parallel_rank(),
+        etp=ps.get_expert_tensor_parallel_rank(),
+        edp=ps.get_expert_data_parallel_rank(),
+    )
     gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object((key, mine), gathered, dst=0)
     if dist.get_rank() != 0:
@@ -91,18 +122,30 @@ def gather_hf_state(chunks: list, spec, hf_config: dict, config, tensors: str = 
             stage = (key["pp"], vp_stage)
             offsets[stage] = offset
             if key["dp"] == 0:  # data-parallel replicas hold identical weights
-                dense.setdefault(stage, {})[key["tp"]] = {k: v for k, v in state.items() if not is_expert_param(k)}
+                dense.setdefault(stage, {})[key["tp"]] = {
+                    k: v for k, v in state.items() if not is_expert_param(k)
+                }
             if key["edp"] == 0:
                 experts.setdefault(stage, {}).setdefault(key["ep"], {})[key["etp"]] = {
-                    k: v for k, v in state.items() if is_expert_param(k)}
+                    k: v for k, v in state.items() if is_expert_param(k)
+                }
     hf = {}
     for stage in sorted(dense, key=lambda s: offsets[s]):
-        full = megatron_shards_to_full([dense[stage][t] for t in sorted(dense[stage])], hf_config["vocab_size"])
+        full = megatron_shards_to_full(
+            [dense[stage][t] for t in sorted(dense[stage])], hf_config["vocab_size"]
+        )
         by_ep = experts.get(stage, {})
         if any(state for by_etp in by_ep.values() for state in by_etp.values()):
-            full.update(merge_expert_parallel([
-                megatron_shards_to_full([by_ep[e][t] for t in sorted(by_ep[e])], hf_config["vocab_size"])
-                for e in sorted(by_ep)]))
+            full.update(
+                merge_expert_parallel(
+                    [
+                        megatron_shards_to_full(
+                            [by_ep[e][t] for t in sorted(by_ep[e])], hf_config["vocab_size"]
+                        )
+                        for e in sorted(by_ep)
+                    ]
+                )
+            )
         hf.update(megatron_full_to_hf(spec, hf_config, full, layer_offset=offsets[stage]))
     if hf_config.get("tie_word_embeddings"):
         hf.pop("lm_head.weight", None)  # the last PP stage's copy of the tied embedding
@@ -130,8 +173,11 @@ def save_hf_checkpoint(hf_state: dict[str, torch.Tensor], source_dir, out_dir) -
         if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
             shutil.copy2(f, tmp / f.name)
     # Tied embeddings: HF keeps only the embedding, safetensors refuses shared storage.
-    save_file({k: v.contiguous().clone() for k, v in hf_state.items()}, tmp / "model.safetensors",
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous().clone() for k, v in hf_state.items()},
+        tmp / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)  # a reader never sees a half-written checkpoint

@@ -6,6 +6,7 @@ memory is better spent on the KV cache the rest of the time. Parameters and regi
 attributes Megatron sets on them) stay the same. Plain tensor attributes (the rotary inverse frequencies,
 the cached rotary table) are small and stay where they are. On CPU there is nothing to move.
 """
+
 from contextlib import contextmanager
 
 import torch

@@ -5,6 +5,7 @@ attention, positions 0..length-1). Micro-batches may differ in rows and length: 
 parallelism the model config must have variable_seq_lengths=True (builder.transformer_config sets it), so
 stages exchange each activation's shape first.
 """
+
 import functools
 
 import torch
@@ -31,6 +32,11 @@ def run_schedule(model_chunks: list, micro_batches: list[dict], forward_only: bo
     # The interleaved schedule reads data_iterator[chunk]: each chunk walks the same micro-batches.
     iterators = [iter(micro_batches) for _ in model_chunks] if len(model_chunks) > 1 else iter(micro_batches)
     return get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iterators, model=model_chunks,
-        num_microbatches=len(micro_batches), seq_length=max(mb["input_ids"].shape[1] for mb in micro_batches),
-        micro_batch_size=max(mb["input_ids"].shape[0] for mb in micro_batches), forward_only=forward_only)
+        forward_step_func=forward_step,
+        data_iterator=iterators,
+        model=model_chunks,
+        num_microbatches=len(micro_batches),
+        seq_length=max(mb["input_ids"].shape[1] for mb in micro_batches),
+        micro_batch_size=max(mb["input_ids"].shape[0] for mb in micro_batches),
+        forward_only=forward_only,
+    )

@@ -5,6 +5,7 @@ the head keeps that contract, so the rest of GPTModel (and Megatron's schedules)
 is replicated over tensor-parallel ranks: every TP rank computes the same values from the same hidden
 states, hence the same gradient (Megatron counts a non-TP parameter once in the grad norm).
 """
+
 import torch
 
 
@@ -26,7 +27,9 @@ class ValueHead(torch.nn.Module):
 
             # The head is replicated, not vocabulary-parallel: the backward keeps this rank's sequence
             # chunk of the (identical) full gradient instead of summing partial gradients over TP.
-            hidden_states = gather_from_sequence_parallel_region(hidden_states, tensor_parallel_output_grad=False)
+            hidden_states = gather_from_sequence_parallel_region(
+                hidden_states, tensor_parallel_output_grad=False
+            )
         return torch.nn.functional.linear(hidden_states, self.weight), None
 
 
@@ -34,5 +37,6 @@ def install_value_head(gpt_model, config, init_seed: int = 0) -> None:
     """Swaps the last stage's output layer for a ValueHead (call before DDP wraps the model)."""
     assert gpt_model.post_process, "the value head belongs to the last pipeline stage"
     assert not gpt_model.share_embeddings_and_output_weights, (
-        "build the critic with untied output weights: its head does not share the embedding")
+        "build the critic with untied output weights: its head does not share the embedding"
+    )
     gpt_model.output_layer = ValueHead(config, init_seed)

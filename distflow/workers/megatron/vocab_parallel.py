@@ -10,6 +10,7 @@ The backward pass is written by hand: it saves only the local logits (like Megat
 vocab_parallel_cross_entropy) and recomputes the probabilities, instead of autograd keeping several
 [tokens, vocab/tp] intermediates alive per micro-batch.
 """
+
 import torch
 import torch.distributed as dist
 
@@ -62,16 +63,18 @@ class _LogprobEntropy(torch.autograd.Function):
             shifted = _compute_dtype(local_logits[..., :real]) - global_max.unsqueeze(-1)
             probs = (shifted - log_sum_exp.unsqueeze(-1)).exp()
             # d logp/dz_j = 1[j = target] - p_j;  d H/dz_j = -p_j (z_j - E_p[z])
-            local = -probs * (grad_logprob.unsqueeze(-1) + grad_entropy.unsqueeze(-1)
-                              * (shifted - mean_logit.unsqueeze(-1)))
+            local = -probs * (
+                grad_logprob.unsqueeze(-1) + grad_entropy.unsqueeze(-1) * (shifted - mean_logit.unsqueeze(-1))
+            )
             local.scatter_add_(-1, column.unsqueeze(-1), (grad_logprob * in_slice).unsqueeze(-1))
             grad[..., :real] = local
         # Every TP rank holds the same (replicated) loss, so its local columns' gradient needs no reduce.
         return grad.to(local_logits.dtype), None, None, None, None
 
 
-def logprobs_and_entropy(local_logits: torch.Tensor, targets: torch.Tensor,
-                         vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def logprobs_and_entropy(
+    local_logits: torch.Tensor, targets: torch.Tensor, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(targets) and the entropy of the next-token distribution at every position (float32).
 
     local_logits: this TP rank's [..., padded_vocab / tp] slice (Megatron's vocab-parallel output layer);

@@ -15,6 +15,7 @@ Alignment: logprobs[:, t] = log p(input_ids[:, t] | input_ids[:, :t]) and entrop
 that same distribution; values[:, t] is the critic's value of the state just before token t (computed
 from position t - 1). Position 0 has none (0), and so do padding positions.
 """
+
 import math
 
 import torch
@@ -49,8 +50,18 @@ class MegatronWorker:
     """
 
     @in_training_world
-    def __init__(self, role: str, role_cfg, model_cfg, layout, device: str, *, total_optimizer_steps: int = 1,
-                 samples_per_prompt: int = 1, seed: int = 1):
+    def __init__(
+        self,
+        role: str,
+        role_cfg,
+        model_cfg,
+        layout,
+        device: str,
+        *,
+        total_optimizer_steps: int = 1,
+        samples_per_prompt: int = 1,
+        seed: int = 1,
+    ):
         from distflow.models.conversion import HFCheckpoint
         from distflow.models.registry import spec_for
         from distflow.models.reward_model import RewardModelCheckpoint
@@ -58,14 +69,17 @@ class MegatronWorker:
         assert role in ROLES, f"role={role!r}: one of {ROLES}"
         _check_layout(role, role_cfg, layout, device)
         self.role, self.cfg, self.layout = role, role_cfg, layout
-        self.device = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        )
         self.trains = role in ("actor", "critic")
         path = (getattr(role_cfg, "path", None) if role == "critic" else None) or model_cfg.path
         self.checkpoint = RewardModelCheckpoint(path) if role == "reward" else HFCheckpoint(path)
         self.spec = spec_for(self.checkpoint.config)
         self.vocab_size = self.checkpoint.config["vocab_size"]
-        self.config = builder.transformer_config(self.spec, self.checkpoint.config, role_cfg,
-                                                 torch_dtype(model_cfg.dtype, "model.dtype"), device)
+        self.config = builder.transformer_config(
+            self.spec, self.checkpoint.config, role_cfg, torch_dtype(model_cfg.dtype, "model.dtype"), device
+        )
         build = builder.GPTBuildSpec(**self.spec.gpt_model_fields(self.checkpoint.config, layout.tp))
         self.chunks = builder.build_model_chunks(self.config, build, untie_output=role in HEADED_ROLES)
         if role in HEADED_ROLES and self.chunks[-1].post_process:
@@ -77,19 +91,30 @@ class MegatronWorker:
         if getattr(role_cfg, "load", None):
             from distflow.workers.megatron.dist_checkpoint_io import load_dist_checkpoint_weights
 
-            self.loaded_from = load_dist_checkpoint_weights(self.chunks, role_cfg.load, role, self.checkpoint.config,
-                                                            path, keep_fresh_head=role in HEADED_ROLES)
+            self.loaded_from = load_dist_checkpoint_weights(
+                self.chunks,
+                role_cfg.load,
+                role,
+                self.checkpoint.config,
+                path,
+                keep_fresh_head=role in HEADED_ROLES,
+            )
         else:
-            hf_io.load_hf_weights(self.chunks, self.spec, self.checkpoint, self.config,
-                                  skip_output_layer=role in HEADED_ROLES)
+            hf_io.load_hf_weights(
+                self.chunks, self.spec, self.checkpoint, self.config, skip_output_layer=role in HEADED_ROLES
+            )
         if self.trains:
-            self.model = builder.wrap_for_training(self.chunks, self.config, role_cfg.optim.use_distributed_optimizer)
-            self.optimizer, self.scheduler = builder.build_optimizer(role_cfg.optim, self.model, self.config,
-                                                                     total_optimizer_steps)
+            self.model = builder.wrap_for_training(
+                self.chunks, self.config, role_cfg.optim.use_distributed_optimizer
+            )
+            self.optimizer, self.scheduler = builder.build_optimizer(
+                role_cfg.optim, self.model, self.config, total_optimizer_steps
+            )
             self.config.grad_scale_func = self.optimizer.scale_loss  # the fp16 loss scale (1 otherwise)
             assert role_cfg.mini_batch_size * samples_per_prompt % layout.dp == 0, (
                 f"{role}.mini_batch_size={role_cfg.mini_batch_size} x {samples_per_prompt} samples per prompt "
-                f"does not split over {layout.dp} data-parallel ranks")
+                f"does not split over {layout.dp} data-parallel ranks"
+            )
             self.rows_per_mini_batch = role_cfg.mini_batch_size * samples_per_prompt // layout.dp
         else:
             for chunk in self.chunks:
@@ -160,8 +185,11 @@ class MegatronWorker:
                 result[i] = batching.scatter_rows([p[name] for p in payloads], groups, rows, seq)
             result *= batch["attention_mask"].to(result.dtype)
         if ps.get_pipeline_model_parallel_world_size() > 1:  # every stage of the replica returns the result
-            dist.broadcast(result, src=ps.get_pipeline_model_parallel_last_rank(),
-                           group=ps.get_pipeline_model_parallel_group())
+            dist.broadcast(
+                result,
+                src=ps.get_pipeline_model_parallel_last_rank(),
+                group=ps.get_pipeline_model_parallel_group(),
+            )
         return dict(zip(names, result.to(caller_device)))
 
     def _to_device(self, batch: dict) -> dict:
@@ -219,8 +247,10 @@ class MegatronWorker:
                 loss, metrics = loss_fn(*self._logprobs(output, micro_batch), micro_batch)
             tokens = micro_batch["response_mask"].sum().to(torch.float32)
             weight = tokens / total_tokens
-            payload = {k: torch.as_tensor(v, dtype=torch.float32, device=weight.device).detach() * weight
-                       for k, v in metrics.items()}
+            payload = {
+                k: torch.as_tensor(v, dtype=torch.float32, device=weight.device).detach() * weight
+                for k, v in metrics.items()
+            }
             payload["loss"] = loss.detach().float() * weight
             return loss * (tokens * scale), payload
 
@@ -236,9 +266,14 @@ class MegatronWorker:
         if ok:
             self.scheduler.step(increment=1)
         self._check_bad_steps(finite_grads)
-        metrics.update(grad_norm=float(grad_norm or 0.0), lr=lr, skipped_steps=float(not ok),
-                       nan_loss=float(not finite_loss), nan_grad=float(finite_loss and not finite_grads),
-                       micro_batches=float(len(micro_batches)))
+        metrics.update(
+            grad_norm=float(grad_norm or 0.0),
+            lr=lr,
+            skipped_steps=float(not ok),
+            nan_loss=float(not finite_loss),
+            nan_grad=float(finite_loss and not finite_grads),
+            micro_batches=float(len(micro_batches)),
+        )
         return metrics
 
     max_consecutive_bad_steps = 3  # the trainer sets trainer.max_consecutive_bad_steps
@@ -250,7 +285,8 @@ class MegatronWorker:
             raise NonFiniteLossError(
                 f"{self.role}: the loss or the gradients were NaN/Inf in {self._bad_steps_in_a_row} optimizer steps "
                 f"in a row (each update skipped); stopping (trainer.max_consecutive_bad_steps={self.max_consecutive_bad_steps}). "
-                "Check the learning rate, the data and the loss inputs (advantages, log-probs) of these steps")
+                "Check the learning rate, the data and the loss inputs (advantages, log-probs) of these steps"
+            )
 
     # ---- pieces ---------------------------------------------------------------------------------------
 
@@ -259,7 +295,9 @@ class MegatronWorker:
         # The interleaved schedule needs a multiple of pp micro-batches.
         multiple = self.layout.pp if len(self.chunks) > 1 else 1
         if self.cfg.use_dynamic_batch:
-            groups = batching.token_budget_micro_batches(lengths, self.cfg.max_tokens_per_micro_batch, multiple)
+            groups = batching.token_budget_micro_batches(
+                lengths, self.cfg.max_tokens_per_micro_batch, multiple
+            )
         else:
             groups = batching.fixed_micro_batches(len(lengths), self.cfg.micro_batch_size, multiple)
         # Sequence parallelism splits the sequence over TP ranks.
@@ -282,32 +320,52 @@ class MegatronWorker:
     @in_training_world
     def export_hf_state(self) -> dict[str, torch.Tensor] | None:
         """The model's weights under HF names on global rank 0 (None elsewhere); the critic's without its head."""
-        return hf_io.gather_hf_state(self.chunks, self.spec, self.checkpoint.config, self.config,
-                                     skip_output_layer=self.role == "critic")
+        return hf_io.gather_hf_state(
+            self.chunks,
+            self.spec,
+            self.checkpoint.config,
+            self.config,
+            skip_output_layer=self.role == "critic",
+        )
 
     @in_training_world
     def gather_hf_grads(self) -> dict[str, torch.Tensor] | None:
         """The last step's gradients under HF names on global rank 0 (for tests and debugging)."""
-        return hf_io.gather_hf_state(self.chunks, self.spec, self.checkpoint.config, self.config, tensors="grads",
-                                     skip_output_layer=self.role == "critic")
+        return hf_io.gather_hf_state(
+            self.chunks,
+            self.spec,
+            self.checkpoint.config,
+            self.config,
+            tensors="grads",
+            skip_output_layer=self.role == "critic",
+        )
 
 
 def _check_layout(role: str, role_cfg, layout, device: str) -> None:
     from megatron.core import parallel_state as ps
 
-    actual = dict(tp=ps.get_tensor_model_parallel_world_size(), pp=ps.get_pipeline_model_parallel_world_size(),
-                  dp=ps.get_data_parallel_world_size(), cp=ps.get_context_parallel_world_size(),
-                  vpp=ps.get_virtual_pipeline_model_parallel_world_size() or 1,
-                  ep=ps.get_expert_model_parallel_world_size(), etp=ps.get_expert_tensor_parallel_world_size())
+    actual = dict(
+        tp=ps.get_tensor_model_parallel_world_size(),
+        pp=ps.get_pipeline_model_parallel_world_size(),
+        dp=ps.get_data_parallel_world_size(),
+        cp=ps.get_context_parallel_world_size(),
+        vpp=ps.get_virtual_pipeline_model_parallel_world_size() or 1,
+        ep=ps.get_expert_model_parallel_world_size(),
+        etp=ps.get_expert_tensor_parallel_world_size(),
+    )
     wanted = {k: getattr(layout, k) for k in actual}
     if actual != wanted:
-        raise RuntimeError(f"{role}: Megatron's process groups are {actual} but the role's layout is {wanted}; "
-                           "initialise them for this layout first (distflow.distributed.initialize_megatron_groups)")
+        raise RuntimeError(
+            f"{role}: Megatron's process groups are {actual} but the role's layout is {wanted}; "
+            "initialise them for this layout first (distflow.distributed.initialize_megatron_groups)"
+        )
     if layout.cp > 1:
         where = "on CPU (no Transformer Engine, no CUDA)" if device == "cpu" else "yet"
-        raise ValueError(f"{role}.cp={layout.cp}: context parallelism needs Transformer Engine's attention on CUDA "
-                         f"and a CP split of every batch, which the Megatron worker does not do {where}; set "
-                         f"{role}.cp=1")
+        raise ValueError(
+            f"{role}.cp={layout.cp}: context parallelism needs Transformer Engine's attention on CUDA "
+            f"and a CP split of every batch, which the Megatron worker does not do {where}; set "
+            f"{role}.cp=1"
+        )
     from distflow.config.validate import offload_error
 
     error = offload_error(role, role_cfg)
@@ -336,8 +394,10 @@ def _check_same_rows_on_dp_ranks(rows: int, device: torch.device) -> None:
     bounds = torch.tensor([rows, -rows], dtype=torch.int64, device=device)
     dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
     if bounds[0] != -bounds[1]:
-        raise ValueError(f"data-parallel ranks hold between {-bounds[1].item()} and {bounds[0].item()} rows; "
-                         "train_step needs the same number on each (balance the batch before training)")
+        raise ValueError(
+            f"data-parallel ranks hold between {-bounds[1].item()} and {bounds[0].item()} rows; "
+            "train_step needs the same number on each (balance the batch before training)"
+        )
 
 
 def _reduce_loss_metrics(payloads: list[dict]) -> dict:
@@ -351,13 +411,21 @@ def _reduce_loss_metrics(payloads: list[dict]) -> dict:
         dist.all_reduce(local, group=ps.get_data_parallel_group())
         summed = [dict(zip(names, local.tolist()))]
     if ps.get_pipeline_model_parallel_world_size() > 1:
-        dist.broadcast_object_list(summed, src=ps.get_pipeline_model_parallel_last_rank(),
-                                   group=ps.get_pipeline_model_parallel_group())
+        dist.broadcast_object_list(
+            summed,
+            src=ps.get_pipeline_model_parallel_last_rank(),
+            group=ps.get_pipeline_model_parallel_group(),
+        )
     return summed[0]
 
 
 def _average_steps(per_step: list[dict]) -> dict:
     out = {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}
-    out.update(lr=per_step[-1]["lr"], optimizer_steps=float(len(per_step)),
-               **{k: sum(m[k] for m in per_step) for k in ("skipped_steps", "nan_loss", "nan_grad", "micro_batches")})
+    out.update(
+        lr=per_step[-1]["lr"],
+        optimizer_steps=float(len(per_step)),
+        **{
+            k: sum(m[k] for m in per_step) for k in ("skipped_steps", "nan_loss", "nan_grad", "micro_batches")
+        },
+    )
     return out

@@ -7,6 +7,7 @@ one chunk), so balancing is by outstanding tokens and SGLang's continuous batchi
 Where seeded samples depend on their batch mates (sglang_engine.sampling_depends_on_batch: the CPU stand-in),
 one chunk is in flight at a time, so a chunk's samples are the same whichever engine generates it.
 """
+
 import asyncio
 from dataclasses import dataclass
 
@@ -43,8 +44,11 @@ def generate_claimed_chunks(engine, board, seed_of_home, budget_tokens: int, **s
                         break
                     chunk, prompts = claimed
                     seed = None if seed_of_home is None else seed_of_home(chunk.home)
-                    task = asyncio.ensure_future(sglang_engine.generate_async(
-                        engine, prompts, seed=seed, first_prompt_index=chunk.first_prompt, **sampling))
+                    task = asyncio.ensure_future(
+                        sglang_engine.generate_async(
+                            engine, prompts, seed=seed, first_prompt_index=chunk.first_prompt, **sampling
+                        )
+                    )
                     pending[task] = chunk
                     outstanding += chunk.est_tokens
                     peak = max(peak, len(pending))
@@ -60,4 +64,6 @@ def generate_claimed_chunks(engine, board, seed_of_home, budget_tokens: int, **s
                 task.cancel()
 
     generated = engine_health.call(engine, "generate", engine.loop.run_until_complete, run())
-    return ChunkRun(generated, sum(len(s.response_ids) for samples in generated.values() for s in samples), peak)
+    return ChunkRun(
+        generated, sum(len(s.response_ids) for samples in generated.values() for s in samples), peak
+    )

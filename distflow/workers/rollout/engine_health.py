@@ -11,6 +11,7 @@ is waiting it stops the engine's event loop, so the call raises EngineDiedError 
 engine's log, within about poll_s. Later calls raise EngineDiedError at once. SIGQUIT from SGLang's
 children is only logged (the monitor decides).
 """
+
 import logging
 import threading
 import weakref
@@ -103,8 +104,12 @@ class EngineMonitor:
             self.loop.call_soon_threadsafe(self.loop.stop)
 
     def error(self, what: str) -> EngineDiedError:
-        return EngineDiedError(with_log_tail(f"SGLang engine: {self.dead_reason} (during or before {what}); "
-                                             "it serves nothing more", self.log_path))
+        return EngineDiedError(
+            with_log_tail(
+                f"SGLang engine: {self.dead_reason} (during or before {what}); it serves nothing more",
+                self.log_path,
+            )
+        )
 
     def call(self, what: str, fn, *args, **kwargs):
         """fn(*args, **kwargs); raises EngineDiedError (with the log tail) if the engine is or becomes dead."""
@@ -141,7 +146,9 @@ def watch(engine, log_path, poll_s: float = 0.5) -> EngineMonitor:
         try:
             processes.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
-            raise EngineDiedError(with_log_tail(f"SGLang engine process {pid} died during start-up", log_path))
+            raise EngineDiedError(
+                with_log_tail(f"SGLang engine process {pid} died during start-up", log_path)
+            )
     monitor = _monitors[engine] = EngineMonitor(engine, processes, log_path, poll_s).start()
     return monitor
 

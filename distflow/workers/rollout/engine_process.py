@@ -15,6 +15,7 @@ shutdown from hanging or killing the caller, and from leaving the caller's state
 
 Who calls: sglang_engine (start_engine, shutdown_engine) only.
 """
+
 import contextlib
 import logging
 import os
@@ -117,8 +118,13 @@ def close_zmq_contexts(*owners) -> None:
     """
     import zmq
 
-    contexts = {id(v.context): v.context for owner in owners if owner is not None
-                for v in vars(owner).values() if isinstance(v, zmq.Socket)}
+    contexts = {
+        id(v.context): v.context
+        for owner in owners
+        if owner is not None
+        for v in vars(owner).values()
+        if isinstance(v, zmq.Socket)
+    }
     for context in contexts.values():
         context.destroy(linger=0)
 
@@ -139,7 +145,9 @@ def on_engine_sigquit(signum, frame):
     if _starts_in_progress:
         logger.error("an SGLang engine process failed during start-up (its log's tail follows the error)")
     else:
-        logger.error("SIGQUIT from an SGLang engine process (a child failed); its engine's monitor reports it")
+        logger.error(
+            "SIGQUIT from an SGLang engine process (a child failed); its engine's monitor reports it"
+        )
 
 
 class StartupGuard:
@@ -174,8 +182,11 @@ class StartupGuard:
     def _watch(self):
         if not self._done.wait(self.timeout_s):
             self.timed_out = True
-            logger.error("SGLang engine for %s not ready after %.0f s; killing its processes",
-                         self.model_path, self.timeout_s)
+            logger.error(
+                "SGLang engine for %s not ready after %.0f s; killing its processes",
+                self.model_path,
+                self.timeout_s,
+            )
             self.kill_new_children()
 
     def kill_new_children(self):
@@ -192,8 +203,11 @@ class StartupGuard:
             context.destroy(linger=0)
 
     def describe_failure(self, exc: Exception) -> str:
-        what = (f"did not become ready within {self.timeout_s:.0f} s (startup_timeout_s)" if self.timed_out
-                else f"failed: {type(exc).__name__}: {str(exc).rstrip('.')}")
+        what = (
+            f"did not become ready within {self.timeout_s:.0f} s (startup_timeout_s)"
+            if self.timed_out
+            else f"failed: {type(exc).__name__}: {str(exc).rstrip('.')}"
+        )
         return f"SGLang engine for model {self.model_path!r} {what}."
 
 

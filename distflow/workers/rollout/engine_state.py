@@ -5,6 +5,7 @@ the first byte and fresh (with the new version) only after the last byte is load
 interrupted update, or a dead engine process, leaves it stale, and `sglang_engine.generate` refuses to
 sample from it until an update completes.
 """
+
 import weakref
 from dataclasses import dataclass
 
@@ -27,8 +28,10 @@ class EngineWeightState:
 
     def require_fresh(self) -> None:
         if self.stale_reason is not None:
-            raise StaleEngineError(f"the engine's weights are stale ({self.stale_reason}); it serves no complete "
-                                   f"weight version until a weight sync succeeds (last good version: {self.version})")
+            raise StaleEngineError(
+                f"the engine's weights are stale ({self.stale_reason}); it serves no complete "
+                f"weight version until a weight sync succeeds (last good version: {self.version})"
+            )
 
 
 def state_of(engine) -> EngineWeightState:

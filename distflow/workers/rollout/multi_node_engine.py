@@ -7,6 +7,7 @@ owner picks a free port on its host and publishes the address in the job's c10d 
 node's first engine rank reads it from there (a bounded wait), so all of an engine's processes are started
 by the trainer ranks themselves, as single-node engines are.
 """
+
 import socket
 
 from torch.distributed import distributed_c10d
@@ -24,8 +25,10 @@ def node_args(placement, engine: int, node_rank: int, timeout_s: float) -> dict:
             address = store.get(key).decode()
         except Exception as exc:  # a c10d timeout or a closed store: say which engine never started
             owner = placement.engine_ranks(engine)[0]
-            raise TimeoutError(f"engine {engine} node {node_rank}: the owner (rank {owner}) published no "
-                               f"rendezvous address within {timeout_s:.0f} s ({exc})") from exc
+            raise TimeoutError(
+                f"engine {engine} node {node_rank}: the owner (rank {owner}) published no "
+                f"rendezvous address within {timeout_s:.0f} s ({exc})"
+            ) from exc
     return {"nnodes": placement.engine_nnodes, "node_rank": node_rank, "dist_init_addr": address}
 
 

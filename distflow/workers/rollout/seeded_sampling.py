@@ -21,6 +21,7 @@ was sharper than the policy: two engines' small batches trained to half the entr
 position is counted instead from the request's decode steps since its last (re)prefill, on top of the
 tokens it already had then (a retracted request is prefilled again with its output so far).
 """
+
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 
 
@@ -58,7 +59,8 @@ def processor_for(engine) -> str | None:
     (SGLang's own seeded sampler under enable_deterministic_inference) or not allowed (the engine was
     started without enable_custom_logit_processor: its samples then depend on its history)."""
     args = engine.server_args
-    if getattr(args, "enable_deterministic_inference", False) or not getattr(args, "enable_custom_logit_processor",
-                                                                             False):
+    if getattr(args, "enable_deterministic_inference", False) or not getattr(
+        args, "enable_custom_logit_processor", False
+    ):
         return None
     return ReseedBeforeSampling.to_str()

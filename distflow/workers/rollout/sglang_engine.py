@@ -17,6 +17,7 @@ A thin layer over SGLang's offline Engine API that adds what a training process 
 
 Who calls: the rollout worker on the rank that owns an engine (rank 0 of a rollout TP group), and tests.
 """
+
 import asyncio
 import atexit
 import contextlib
@@ -35,15 +36,25 @@ from distflow.workers.rollout.engine_state import state_of
 logger = logging.getLogger(__name__)
 
 # ServerArgs fields that start_engine sets from its own arguments.
-_OWN_ARGS = {"model_path": "model_path", "tp_size": "tp", "dtype": "dtype", "random_seed": "seed",
-             "device": "device", "mem_fraction_static": "mem_fraction_static",
-             "max_total_tokens": "max_total_tokens"}
+_OWN_ARGS = {
+    "model_path": "model_path",
+    "tp_size": "tp",
+    "dtype": "dtype",
+    "random_seed": "seed",
+    "device": "device",
+    "mem_fraction_static": "mem_fraction_static",
+    "max_total_tokens": "max_total_tokens",
+}
 # On CPU the KV-cache pool is sized from host memory; max_total_tokens keeps it small unless the caller asks
 # for more. SGLang checks that (free memory after loading the weights) exceeds (1 - mem_fraction_static) x
 # (free memory before): other processes allocating meanwhile (parallel tests, other engines) fail a tight
 # fraction, so leave headroom; the cap on tokens, not the fraction, bounds what the pool takes.
-_CPU_DEFAULTS = {"mem_fraction_static": 0.3, "max_total_tokens": 16384, "disable_cuda_graph": True,
-                 "enable_custom_logit_processor": True}  # for seeded sampling (seeded_sampling.py)
+_CPU_DEFAULTS = {
+    "mem_fraction_static": 0.3,
+    "max_total_tokens": 16384,
+    "disable_cuda_graph": True,
+    "enable_custom_logit_processor": True,
+}  # for seeded sampling (seeded_sampling.py)
 
 
 class EngineStartError(RuntimeError):
@@ -66,9 +77,18 @@ class RolloutSample:
     """The engine's weight version (engine_state) that produced the sample."""
 
 
-def start_engine(model_path, tp: int = 1, dtype: str = "float32", seed: int = 0, device: str | None = None,
-                 mem_fraction_static: float | None = None, max_total_tokens: int | None = None,
-                 extra_args: dict | None = None, startup_timeout_s: float = 300, log_path=None):
+def start_engine(
+    model_path,
+    tp: int = 1,
+    dtype: str = "float32",
+    seed: int = 0,
+    device: str | None = None,
+    mem_fraction_static: float | None = None,
+    max_total_tokens: int | None = None,
+    extra_args: dict | None = None,
+    startup_timeout_s: float = 300,
+    log_path=None,
+):
     """Starts an `sglang.Engine` for `model_path` (a local Hugging Face directory or a hub id); returns it.
 
     device None means "cuda" when CUDA is available, else "cpu". `extra_args` are further SGLang
@@ -81,8 +101,15 @@ def start_engine(model_path, tp: int = 1, dtype: str = "float32", seed: int = 0,
     """
     device = device or ("cuda" if cuda_available() else "cpu")
     model_path = str(model_path)
-    args = dict(model_path=model_path, tp_size=tp, dtype=dtype, random_seed=seed, device=device,
-                skip_server_warmup=True, custom_sigquit_handler=engine_process.on_engine_sigquit)
+    args = dict(
+        model_path=model_path,
+        tp_size=tp,
+        dtype=dtype,
+        random_seed=seed,
+        device=device,
+        skip_server_warmup=True,
+        custom_sigquit_handler=engine_process.on_engine_sigquit,
+    )
     if device == "cpu":
         args.update(_CPU_DEFAULTS)
     for name, value in (("mem_fraction_static", mem_fraction_static), ("max_total_tokens", max_total_tokens)):
@@ -113,8 +140,14 @@ def start_engine(model_path, tp: int = 1, dtype: str = "float32", seed: int = 0,
     if not follower:  # followers run no tokenizer manager: rank 0 of the engine serves every request
         engine_process.take_sigquit(engine)
     engine_health.watch(engine, log_path)
-    logger.info("SGLang engine for %s (tp=%d, %s) ready in %.1f s; its log: %s", model_path, tp, device,
-                time.perf_counter() - tic, log_path)
+    logger.info(
+        "SGLang engine for %s (tp=%d, %s) ready in %.1f s; its log: %s",
+        model_path,
+        tp,
+        device,
+        time.perf_counter() - tic,
+        log_path,
+    )
     return engine
 
 
@@ -137,10 +170,19 @@ def _check_extra_args(extra_args: dict) -> dict:
     return dict(extra_args)
 
 
-def generate(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-             top_k: int = -1, max_new_tokens: int = 128, stop_token_ids: list[int] | None = None,
-             stop: list[str] | None = None, seed: int | None = None,
-             first_prompt_index: int = 0) -> list[RolloutSample]:
+def generate(
+    engine,
+    prompt_ids: list[list[int]],
+    n: int = 1,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    max_new_tokens: int = 128,
+    stop_token_ids: list[int] | None = None,
+    stop: list[str] | None = None,
+    seed: int | None = None,
+    first_prompt_index: int = 0,
+) -> list[RolloutSample]:
     """Samples `n` responses per prompt; returns len(prompt_ids) * n samples, prompt-major.
 
     `stop`: stop strings; a sample that produces one ends there with finish reason "stop", and keeps the
@@ -160,21 +202,52 @@ def generate(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float
     Every sample carries the engine's weight version. Raises StaleEngineError, before sending anything, on an
     engine whose last weight update did not complete (engine_state).
     """
-    version, requests, kwargs = _prepare(engine, prompt_ids, n, temperature, top_p, top_k, max_new_tokens,
-                                         stop_token_ids, stop, seed, first_prompt_index)
+    version, requests, kwargs = _prepare(
+        engine,
+        prompt_ids,
+        n,
+        temperature,
+        top_p,
+        top_k,
+        max_new_tokens,
+        stop_token_ids,
+        stop,
+        seed,
+        first_prompt_index,
+    )
     outputs = engine_health.call(engine, "generate", engine.generate, **kwargs)
     return [_to_sample(i, out, version) for (i, _), out in zip(requests, outputs)]
 
 
-async def generate_async(engine, prompt_ids: list[list[int]], n: int = 1, temperature: float = 1.0,
-                         top_p: float = 1.0, top_k: int = -1, max_new_tokens: int = 128,
-                         stop_token_ids: list[int] | None = None, stop: list[str] | None = None,
-                         seed: int | None = None, first_prompt_index: int = 0) -> list[RolloutSample]:
+async def generate_async(
+    engine,
+    prompt_ids: list[list[int]],
+    n: int = 1,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    max_new_tokens: int = 128,
+    stop_token_ids: list[int] | None = None,
+    stop: list[str] | None = None,
+    seed: int | None = None,
+    first_prompt_index: int = 0,
+) -> list[RolloutSample]:
     """`generate` as a coroutine on the engine's event loop (SGLang's `async_generate`), so several calls can
     be in flight at once. The caller runs the loop through engine_health.call (which turns an engine death
     into EngineDiedError)."""
-    version, requests, kwargs = _prepare(engine, prompt_ids, n, temperature, top_p, top_k, max_new_tokens,
-                                         stop_token_ids, stop, seed, first_prompt_index)
+    version, requests, kwargs = _prepare(
+        engine,
+        prompt_ids,
+        n,
+        temperature,
+        top_p,
+        top_k,
+        max_new_tokens,
+        stop_token_ids,
+        stop,
+        seed,
+        first_prompt_index,
+    )
     outputs = await engine.async_generate(**kwargs)
     return [_to_sample(i, out, version) for (i, _), out in zip(requests, outputs)]
 
@@ -187,8 +260,19 @@ def sampling_depends_on_batch(engine) -> bool:
     return seeded_sampling.processor_for(engine) is not None
 
 
-def _prepare(engine, prompt_ids, n, temperature, top_p, top_k, max_new_tokens, stop_token_ids, stop, seed,
-             first_prompt_index):
+def _prepare(
+    engine,
+    prompt_ids,
+    n,
+    temperature,
+    top_p,
+    top_k,
+    max_new_tokens,
+    stop_token_ids,
+    stop,
+    seed,
+    first_prompt_index,
+):
     """(weight version, [(prompt index, sample index)], keyword arguments of SGLang's generate) for a call."""
     monitor = engine_health.monitor_of(engine)
     if monitor is not None and monitor.dead_reason is not None:
@@ -211,14 +295,22 @@ def _prepare(engine, prompt_ids, n, temperature, top_p, top_k, max_new_tokens, s
             if processor is not None:
                 p["custom_params"] = {"sampling_seed": p["sampling_seed"]}
         params.append(p)
-    kwargs = dict(input_ids=[list(prompt_ids[i - first_prompt_index]) for i, _ in requests],
-                  sampling_params=params, return_logprob=True,
-                  custom_logit_processor=[processor] * len(requests) if processor else None)
+    kwargs = dict(
+        input_ids=[list(prompt_ids[i - first_prompt_index]) for i, _ in requests],
+        sampling_params=params,
+        return_logprob=True,
+        custom_logit_processor=[processor] * len(requests) if processor else None,
+    )
     return state.version, requests, kwargs
 
 
-def update_weights_from_tensors(engine, named_tensors, load_format: str | None = None,
-                                flush_cache: bool = True, version: int | None = None) -> None:
+def update_weights_from_tensors(
+    engine,
+    named_tensors,
+    load_format: str | None = None,
+    flush_cache: bool = True,
+    version: int | None = None,
+) -> None:
     """Loads `(name, tensor)` pairs into the running engine, inside the begin/end session SGLang requires.
 
     With load_format None the names are Hugging Face checkpoint names, loaded through the model's
@@ -226,14 +318,19 @@ def update_weights_from_tensors(engine, named_tensors, load_format: str | None =
     `version`: the weight version the engine serves once this update completes (None: unchanged); the engine
     is stale (generate refuses it) from the start of the update until it completes.
     """
+
     def call(what, *args, **kwargs):
         _check(engine_health.call(engine, what, getattr(engine, what), *args, **kwargs), what)
 
     with _updating(engine, version, "update_weights_from_tensor"):
         call("begin_weight_update")
         try:
-            call("update_weights_from_tensor", list(named_tensors), load_format=load_format,
-                 flush_cache=flush_cache)
+            call(
+                "update_weights_from_tensor",
+                list(named_tensors),
+                load_format=load_format,
+                flush_cache=flush_cache,
+            )
         finally:
             if not engine_health.is_dead(engine):
                 call("end_weight_update")
@@ -242,8 +339,12 @@ def update_weights_from_tensors(engine, named_tensors, load_format: str | None =
 def update_weights_from_disk(engine, path, version: int | None = None) -> None:
     """Reloads every weight from the checkpoint directory `path` (same architecture); `version` as above."""
     with _updating(engine, version, f"update_weights_from_disk({path})"):
-        _check(engine_health.call(engine, "update_weights_from_disk", engine.update_weights_from_disk, str(path)),
-               f"update_weights_from_disk({path})")
+        _check(
+            engine_health.call(
+                engine, "update_weights_from_disk", engine.update_weights_from_disk, str(path)
+            ),
+            f"update_weights_from_disk({path})",
+        )
 
 
 @contextlib.contextmanager
@@ -323,6 +424,7 @@ def _server_arg_names() -> list[str]:
 
 # --- results -----------------------------------------------------------------------------------------------
 
+
 def _to_sample(prompt_index: int, out: dict, weight_version: int) -> RolloutSample:
     meta = out["meta_info"]
     reason = meta["finish_reason"] or {}
@@ -332,9 +434,13 @@ def _to_sample(prompt_index: int, out: dict, weight_version: int) -> RolloutSamp
     ids = list(out["output_ids"])
     if [t for _, t, _ in token_logprobs] != ids:
         raise EngineCallError(f"generate: log-probs do not line up with the output tokens ({meta['id']})")
-    return RolloutSample(prompt_index=prompt_index, response_ids=ids,
-                         logprobs=[float(lp) for lp, _, _ in token_logprobs], finish_reason=reason["type"],
-                         weight_version=weight_version)
+    return RolloutSample(
+        prompt_index=prompt_index,
+        response_ids=ids,
+        logprobs=[float(lp) for lp, _, _ in token_logprobs],
+        finish_reason=reason["type"],
+        weight_version=weight_version,
+    )
 
 
 def _check(result, what: str) -> None:

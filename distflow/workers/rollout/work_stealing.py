@@ -17,6 +17,7 @@ Test/fault hook: DISTFLOW_FAULT_SLOW_CLAIMS="<engine>:<seconds>" makes that engi
 claims, up to <seconds>, returning early once every chunk of the round is claimed (a slow engine whose work
 the others take; the early return keeps tests fast and their outcome independent of machine load).
 """
+
 import datetime
 import os
 import pickle
@@ -29,6 +30,7 @@ SLOW_CLAIMS_ENV = "DISTFLOW_FAULT_SLOW_CLAIMS"
 @dataclass(frozen=True)
 class Chunk:
     """Prompts first_prompt .. first_prompt + num_prompts - 1 of engine `home`'s partition, with all their samples."""
+
     home: int
     index: int  # position in the home's chunk list, which is the claim order
     first_prompt: int
@@ -36,14 +38,15 @@ class Chunk:
     est_tokens: int  # prompt tokens + n * max_new_tokens per prompt: an upper bound of the chunk's KV tokens
 
 
-def split_into_chunks(home: int, prompt_lens: list[int], n: int, max_new_tokens: int,
-                      chunk_prompts: int) -> list[Chunk]:
+def split_into_chunks(
+    home: int, prompt_lens: list[int], n: int, max_new_tokens: int, chunk_prompts: int
+) -> list[Chunk]:
     """The home engine's partition as chunks of `chunk_prompts` consecutive prompts (the last may be smaller)."""
     if chunk_prompts < 1:
         raise ValueError(f"rollout.balance_chunk_prompts={chunk_prompts} must be >= 1")
     chunks = []
     for index, first in enumerate(range(0, len(prompt_lens), chunk_prompts)):
-        lens = prompt_lens[first:first + chunk_prompts]
+        lens = prompt_lens[first : first + chunk_prompts]
         chunks.append(Chunk(home, index, first, len(lens), sum(lens) + len(lens) * n * max_new_tokens))
     return chunks
 
@@ -73,14 +76,18 @@ def slow_claims_of(engine: int) -> float:
         who, seconds = spec.split(":")
         return float(seconds) if int(who) == engine else 0.0
     except ValueError:
-        raise ValueError(f"{SLOW_CLAIMS_ENV}={spec!r}: expected '<engine index>:<seconds>', e.g. '1:60'") from None
+        raise ValueError(
+            f"{SLOW_CLAIMS_ENV}={spec!r}: expected '<engine index>:<seconds>', e.g. '1:60'"
+        ) from None
 
 
 class StoreBoard:
     """One round of claims among `num_engines` owners through the c10d `store`; every wait is bounded by
     `timeout_s` and names what it waited for. steal=False: only my own chunks (balance=partition)."""
 
-    def __init__(self, store, round_index: int, me: int, num_engines: int, timeout_s: float, steal: bool = True):
+    def __init__(
+        self, store, round_index: int, me: int, num_engines: int, timeout_s: float, steal: bool = True
+    ):
         self.store, self.round, self.me, self.num_engines = store, round_index, me, num_engines
         self.steal = steal
         self.timeout = datetime.timedelta(seconds=timeout_s)
@@ -91,24 +98,33 @@ class StoreBoard:
         self._delete_round(round_index - 2)
 
     def key(self, *parts, round_index: int | None = None) -> str:
-        return "/".join(["distflow/rollout_balance", str(self.round if round_index is None else round_index),
-                         *map(str, parts)])
+        return "/".join(
+            [
+                "distflow/rollout_balance",
+                str(self.round if round_index is None else round_index),
+                *map(str, parts),
+            ]
+        )
 
     def publish(self, chunks: list[Chunk], prompt_ids: list[list[int]]) -> None:
         """Makes my chunks claimable: their prompts first, then the plan (which others wait for)."""
         self._own = chunks
-        self._own_prompts = [prompt_ids[c.first_prompt:c.first_prompt + c.num_prompts] for c in chunks]
+        self._own_prompts = [prompt_ids[c.first_prompt : c.first_prompt + c.num_prompts] for c in chunks]
         for c in chunks if self.steal else ():
-            self.store.set(self.key("prompts", self.me, c.index),
-                           pickle.dumps((c.first_prompt, prompt_ids[c.first_prompt:c.first_prompt + c.num_prompts])))
+            self.store.set(
+                self.key("prompts", self.me, c.index),
+                pickle.dumps((c.first_prompt, prompt_ids[c.first_prompt : c.first_prompt + c.num_prompts])),
+            )
         self.store.set(self.key("plan", self.me), pickle.dumps([c.est_tokens for c in chunks]))
 
     def _wait(self, keys: list[str], what: str) -> None:
         try:
             self.store.wait(keys, self.timeout)
         except Exception as exc:  # the store raises a generic DistStoreError/RuntimeError on timeout
-            raise TimeoutError(f"rollout balance (engine {self.me}, round {self.round}): {what} not there within "
-                               f"rollout.balance_timeout_s={self.timeout_s:g} s ({exc})") from exc
+            raise TimeoutError(
+                f"rollout balance (engine {self.me}, round {self.round}): {what} not there within "
+                f"rollout.balance_timeout_s={self.timeout_s:g} s ({exc})"
+            ) from exc
 
     def _read_plans(self) -> None:
         if len(self.plans) == self.num_engines:
@@ -159,8 +175,9 @@ class StoreBoard:
         stolen = [c for c in generated if c.home != self.me]
         for c in stolen:
             self.store.set(self.key("result", c.home, c.index), pickle.dumps(generated[c]))
-        self.store.set(self.key("totals", self.me), pickle.dumps((sum(c.num_prompts for c in stolen),
-                                                                  generated_tokens)))
+        self.store.set(
+            self.key("totals", self.me), pickle.dumps((sum(c.num_prompts for c in stolen), generated_tokens))
+        )
 
     def collect(self) -> tuple[dict[int, list], dict]:
         """(my chunks' samples by chunk index, the round's totals over every engine), once my chunks generated
@@ -184,8 +201,11 @@ class StoreBoard:
         if round_index < 0 or not self.store.check([self.key("plan", self.me, round_index=round_index)]):
             return
         plan = pickle.loads(self.store.get(self.key("plan", self.me, round_index=round_index)))
-        old = [k for i in range(len(plan))
-               if self.store.check([k := self.key("prompts", self.me, i, round_index=round_index)])]
+        old = [
+            k
+            for i in range(len(plan))
+            if self.store.check([k := self.key("prompts", self.me, i, round_index=round_index)])
+        ]
         old += [self.key(kind, self.me, round_index=round_index) for kind in ("claims", "totals", "plan")]
         for k in old:
             self.store.delete_key(k)

@@ -13,6 +13,7 @@ engine's seeds, so the returned batch is the same whichever engine generated a p
 Each engine's processes log to <trainer.output_dir>/engine_logs/engine<i>.log; errors about an engine (a
 failed start, a death during generation or a sync) end with that log's last lines.
 """
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,7 @@ ID_STRIDE = 1_000_000  # sample id = engine * ID_STRIDE + local index: unique ov
 @dataclass
 class SampleInfo:
     """What scoring needs about a sample and does not travel with the token tensors."""
+
     prompt_len: int
     response_ids: list[int]
     finish_reason: str
@@ -55,8 +57,11 @@ class RolloutWorker:
         # Releasing memory frees GPU memory for training; on CPU SGLang has nothing to release (its calls
         # are no-ops there) and asserts if a finishing request is still in flight, so it is skipped.
         # Disaggregated engines have their devices to themselves: nothing to release.
-        self.release_between_steps = (cfg.rollout.release_memory_in_training and placement_device(cfg) == "cuda"
-                                      and placement.kind == "colocated")
+        self.release_between_steps = (
+            cfg.rollout.release_memory_in_training
+            and placement_device(cfg) == "cuda"
+            and placement.kind == "colocated"
+        )
         self.num_engines = placement.num_engines
         self._balance_round = 0  # balanced generate calls so far: namespaces their store keys
         self.balance_stats: dict | None = None  # the last balanced call's totals (generate(balance=True))
@@ -67,19 +72,34 @@ class RolloutWorker:
 
             args = engine_args(cfg.rollout.sglang, weight_loaders)
             if placement.engine_nnodes > 1:
-                args.update(multi_node_engine.node_args(placement, self.engine_index, node_rank,
-                                                        timeout_s=cfg.trainer.dist_timeout_s))
+                args.update(
+                    multi_node_engine.node_args(
+                        placement, self.engine_index, node_rank, timeout_s=cfg.trainer.dist_timeout_s
+                    )
+                )
             engine = sglang_engine.start_engine(
-                model_path, tp=placement.engine_tp, dtype=cfg.model.dtype, seed=cfg.trainer.seed + self.engine_index,
-                mem_fraction_static=cfg.rollout.mem_fraction_static, extra_args=args,
-                log_path=engine_log_path(cfg, self.engine_index, node_rank))
+                model_path,
+                tp=placement.engine_tp,
+                dtype=cfg.model.dtype,
+                seed=cfg.trainer.seed + self.engine_index,
+                mem_fraction_static=cfg.rollout.mem_fraction_static,
+                extra_args=args,
+                log_path=engine_log_path(cfg, self.engine_index, node_rank),
+            )
             if self.owner:
                 self.engine = engine
             else:
                 self.node_engine = engine
 
-    def generate(self, prompts, eos_token_id: int, step: int, greedy: bool = False, n: int | None = None,
-                 balance: bool = False) -> PackedBatch | None:
+    def generate(
+        self,
+        prompts,
+        eos_token_id: int,
+        step: int,
+        greedy: bool = False,
+        n: int | None = None,
+        balance: bool = False,
+    ) -> PackedBatch | None:
         """Samples rollout.n responses per prompt on this rank's engine; None on ranks without an engine.
         The batch's `infos` hold each sample's SampleInfo. `step` (the RL step) is part of every sampling
         seed, so a resumed run samples what the uninterrupted one would have.
@@ -96,14 +116,24 @@ class RolloutWorker:
         r = self.cfg.rollout
         n = n or (1 if greedy else r.n)
         self.make_resident()
-        sampling = dict(n=n, temperature=0.0 if greedy else r.temperature, top_p=r.top_p, top_k=r.top_k,
-                        max_new_tokens=r.max_new_tokens, stop_token_ids=sorted({eos_token_id, *r.stop_token_ids}),
-                        stop=list(r.stop))
+        sampling = dict(
+            n=n,
+            temperature=0.0 if greedy else r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_new_tokens=r.max_new_tokens,
+            stop_token_ids=sorted({eos_token_id, *r.stop_token_ids}),
+            stop=list(r.stop),
+        )
         if balance and self.num_engines > 1:
             outs = self._generate_chunks(prompts, step, greedy, sampling)
         else:
-            outs = sglang_engine.generate(self.engine, [p.input_ids for p in prompts],
-                                          seed=self.sampling_seed(self.engine_index, step, greedy), **sampling)
+            outs = sglang_engine.generate(
+                self.engine,
+                [p.input_ids for p in prompts],
+                seed=self.sampling_seed(self.engine_index, step, greedy),
+                **sampling,
+            )
         if self.release_between_steps:
             sglang_engine.release_memory(self.engine)
             self.released = set(sglang_engine.ENGINE_MEMORY)
@@ -118,16 +148,26 @@ class RolloutWorker:
             tokens.append(torch.tensor(seq, dtype=torch.long))
             # Token-position alignment (as the Megatron worker's): entry t belongs to token t.
             mask = torch.zeros(len(seq), dtype=torch.float32)
-            mask[len(prompt.input_ids):] = 1.0
+            mask[len(prompt.input_ids) :] = 1.0
             masks.append(mask)
             lp = torch.zeros(len(seq), dtype=torch.float32)
-            lp[len(prompt.input_ids):] = torch.tensor(s.logprobs, dtype=torch.float32)
+            lp[len(prompt.input_ids) :] = torch.tensor(s.logprobs, dtype=torch.float32)
             logprobs.append(lp)
-            infos[sample_id] = SampleInfo(len(prompt.input_ids), list(s.response_ids), s.finish_reason,
-                                               prompt.data_source, prompt.ground_truth, prompt.extra_info,
-                                               s.weight_version)
-        return PackedBatch.from_samples(ids, groups, {"input_ids": tokens, "response_mask": masks,
-                                                      "rollout_logprobs": logprobs}, infos=infos)
+            infos[sample_id] = SampleInfo(
+                len(prompt.input_ids),
+                list(s.response_ids),
+                s.finish_reason,
+                prompt.data_source,
+                prompt.ground_truth,
+                prompt.extra_info,
+                s.weight_version,
+            )
+        return PackedBatch.from_samples(
+            ids,
+            groups,
+            {"input_ids": tokens, "response_mask": masks, "rollout_logprobs": logprobs},
+            infos=infos,
+        )
 
     def sampling_seed(self, home_engine: int, step: int, greedy: bool = False) -> int | None:
         """The call seed of `home_engine`'s partition at `step`: a function of (trainer.seed, step, home
@@ -141,18 +181,32 @@ class RolloutWorker:
 
         r = self.cfg.rollout
         prompt_ids = [list(p.input_ids) for p in prompts]
-        chunks = work_stealing.split_into_chunks(self.engine_index, [len(p) for p in prompt_ids], sampling["n"],
-                                                 r.max_new_tokens, r.balance_chunk_prompts)
+        chunks = work_stealing.split_into_chunks(
+            self.engine_index,
+            [len(p) for p in prompt_ids],
+            sampling["n"],
+            r.max_new_tokens,
+            r.balance_chunk_prompts,
+        )
         from torch.distributed import distributed_c10d
 
-        board = work_stealing.StoreBoard(distributed_c10d._get_default_store(), self._balance_round,
-                                         self.engine_index, self.num_engines, r.balance_timeout_s,
-                                         steal=r.balance == "steal")
+        board = work_stealing.StoreBoard(
+            distributed_c10d._get_default_store(),
+            self._balance_round,
+            self.engine_index,
+            self.num_engines,
+            r.balance_timeout_s,
+            steal=r.balance == "steal",
+        )
         board.publish(chunks, prompt_ids)
         self._balance_round += 1
         run = chunked_generation.generate_claimed_chunks(
-            self.engine, board, None if greedy else lambda home: self.sampling_seed(home, step),
-            r.balance_outstanding_tokens, **sampling)
+            self.engine,
+            board,
+            None if greedy else lambda home: self.sampling_seed(home, step),
+            r.balance_outstanding_tokens,
+            **sampling,
+        )
         mine, self.balance_stats = board.finish(run.generated, run.tokens)
         return [s for c in chunks for s in mine[c.index]]
 
@@ -162,7 +216,9 @@ class RolloutWorker:
 
         if self.owner:
             self.make_resident(only=("weights",))
-            sglang_engine.update_weights_from_tensors(self.engine, named_tensors, version=self.weight_version + 1)
+            sglang_engine.update_weights_from_tensors(
+                self.engine, named_tensors, version=self.weight_version + 1
+            )
         self.weight_version += 1
 
     def make_resident(self, only: tuple[str, ...] | None = None) -> None:

@@ -16,6 +16,7 @@ generator, one per step, each rank taking its data-parallel share. Cases:
             model.path=--other-model (refused: another shape)
 Rank 0 writes RUN_DIR/<case>.pt.
 """
+
 import argparse
 import dataclasses
 import os
@@ -39,11 +40,20 @@ def make_worker(model_dir, tp: int, mini_batch_size: int = 4, dist_opt: bool = F
     par = ParallelLayout.for_world(world, tp=tp)
     distributed.initialize_megatron_groups(par, Placement.create("colocated", world, 1), timeout_s=300)
     distributed.seed_everything(1)
-    optim = OptimizerConfig(lr=1e-2, weight_decay=0.01, clip_grad=1.0, use_distributed_optimizer=dist_opt,
-                            lr_warmup_steps=3, lr_decay_style="cosine")
-    cfg = ActorConfig(tp=tp, optim=optim, mini_batch_size=mini_batch_size, max_tokens_per_micro_batch=40, load=load)
-    return MegatronWorker("actor", cfg, ModelConfig(path=model_dir, dtype="float32"), par, "cpu",
-                          total_optimizer_steps=20), par
+    optim = OptimizerConfig(
+        lr=1e-2,
+        weight_decay=0.01,
+        clip_grad=1.0,
+        use_distributed_optimizer=dist_opt,
+        lr_warmup_steps=3,
+        lr_decay_style="cosine",
+    )
+    cfg = ActorConfig(
+        tp=tp, optim=optim, mini_batch_size=mini_batch_size, max_tokens_per_micro_batch=40, load=load
+    )
+    return MegatronWorker(
+        "actor", cfg, ModelConfig(path=model_dir, dtype="float32"), par, "cpu", total_optimizer_steps=20
+    ), par
 
 
 def batch_for(step: int, par) -> dict:
@@ -57,11 +67,15 @@ def batch_for(step: int, par) -> dict:
     response_mask = torch.zeros(rows, seq)
     response_mask[:, 4:] = 1.0
     advantages = torch.randn(rows, seq)  # global generator: same draw on every rank (same seed, same calls)
-    batch = {"input_ids": input_ids, "attention_mask": torch.ones(rows, seq, dtype=torch.long),
-             "response_mask": response_mask, "advantages": advantages * (1 + random.random())}
+    batch = {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones(rows, seq, dtype=torch.long),
+        "response_mask": response_mask,
+        "advantages": advantages * (1 + random.random()),
+    }
     per = rows // par.dp
     start = ps.get_data_parallel_rank() * per
-    return {k: v[start:start + per] for k, v in batch.items()}
+    return {k: v[start : start + per] for k, v in batch.items()}
 
 
 def pg_loss(logprobs, entropy, mb):
@@ -125,8 +139,13 @@ def main() -> None:
     torch.set_num_threads(1)
     # nan: one optimizer step per train_step (the whole batch), so that steps and optimizer steps coincide
     step_2 = os.path.join(args.dir, "checkpoints", "step_2")
-    worker, par = make_worker(args.model, args.tp, mini_batch_size=8 if args.case == "nan" else 4,
-                              dist_opt=args.dist_opt, load=step_2 if args.case == "load" else None)
+    worker, par = make_worker(
+        args.model,
+        args.tp,
+        mini_batch_size=8 if args.case == "nan" else 4,
+        dist_opt=args.dist_opt,
+        load=step_2 if args.case == "load" else None,
+    )
     from megatron.core import parallel_state as ps
 
     random.seed(ps.get_data_parallel_rank())  # each DP rank's python RNG differs (restored per rank)
@@ -142,8 +161,13 @@ def main() -> None:
     elif args.case == "resumed":
         ckpt = checkpointer(args.dir)
         start = ckpt.restore({"actor": worker}, loader)
-        result = {"start": start, "loader": loader.position, "tracker": ckpt.tracker_resume(),
-                  "metrics": train(worker, par, loader, [3, 4]), "weights": worker.export_hf_state()}
+        result = {
+            "start": start,
+            "loader": loader.position,
+            "tracker": ckpt.tracker_resume(),
+            "metrics": train(worker, par, loader, [3, 4]),
+            "weights": worker.export_hf_state(),
+        }
     elif args.case == "crash":
         from distflow.checkpointing import trainer_state
 
@@ -175,17 +199,25 @@ def main() -> None:
         before = worker.export_hf_state()
         bad = train(worker, par, loader, [1, 2], loss_fn=nan_loss)  # 2 bad steps: skipped, no error yet
         after_bad = worker.export_hf_state()
-        good = train(worker, par, loader, [3])                        # resets the count
+        good = train(worker, par, loader, [3])  # resets the count
         after_good = worker.export_hf_state()
         bad_again = train(worker, par, loader, [4, 5], loss_fn=nan_grad_loss)  # finite loss, NaN gradients
         after_bad_again = worker.export_hf_state()
         try:
-            train(worker, par, loader, [6], loss_fn=nan_loss)          # the third in a row
+            train(worker, par, loader, [6], loss_fn=nan_loss)  # the third in a row
             error = None
         except NonFiniteLossError as err:
             error = str(err)
-        result = {"before": before, "after_bad": after_bad, "bad": bad, "good": good, "bad_again": bad_again,
-                  "after_good": after_good, "after_bad_again": after_bad_again, "error": error}
+        result = {
+            "before": before,
+            "after_bad": after_bad,
+            "bad": bad,
+            "good": good,
+            "bad_again": bad_again,
+            "after_good": after_good,
+            "after_bad_again": after_bad_again,
+            "error": error,
+        }
     elif args.case == "export":
         from distflow.workers.megatron.hf_io import save_hf_checkpoint
 
@@ -202,8 +234,13 @@ def main() -> None:
         from distflow.workers.megatron.worker import MegatronWorker
 
         result = {"weights": worker.export_hf_state(), "loaded_from": str(worker.loaded_from)}
-        critic = MegatronWorker("critic", CriticConfig(tp=args.tp, load=os.path.join(step_2, "actor")),
-                                ModelConfig(path=args.model, dtype="float32"), par, "cpu")
+        critic = MegatronWorker(
+            "critic",
+            CriticConfig(tp=args.tp, load=os.path.join(step_2, "actor")),
+            ModelConfig(path=args.model, dtype="float32"),
+            par,
+            "cpu",
+        )
         result["critic_weights"] = critic.export_hf_state()
         unrecorded = os.path.join(args.dir, "unrecorded_actor")  # as an older DistFlow wrote it: shapes only
         if dist.get_rank() == 0:

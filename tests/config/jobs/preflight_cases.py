@@ -5,6 +5,7 @@ reports each outcome and the heavy modules imported by the end.
 CASES.json: {case name: [override, ...]}. RESULT.json: {"results": {case: error message or null},
 "kept": {case: {split: prompts}}, "heavy_modules": [...]}.
 """
+
 import json
 import sys
 

@@ -3,18 +3,33 @@
 Every rank builds the same global batch from a seed and keeps its holder's share, so a multi-process
 test needs no communication to know what every rank should end up with.
 """
+
 import numpy as np
 import torch
 
 from distflow.coordination.data import FieldPlacement, PackedBatch, PlacedLayout, RedistributionPlan
 
 # Every kind of field: ragged int64/float32/bfloat16/bool token runs, a fixed scalar, a fixed vector.
-FIELDS = FieldPlacement({"input_ids": "first", "old_logprobs": "last", "advantages": "last",
-                         "attention_mask": "all", "rewards": "last", "scores": "all"})
+FIELDS = FieldPlacement(
+    {
+        "input_ids": "first",
+        "old_logprobs": "last",
+        "advantages": "last",
+        "attention_mask": "all",
+        "rewards": "last",
+        "scores": "all",
+    }
+)
 
 
-def synthetic_batches(producer: PlacedLayout, num_groups: int, group_size: int, seed: int = 0,
-                      max_len: int = 300, empty_holders: tuple[int, ...] = ()) -> dict[int, PackedBatch]:
+def synthetic_batches(
+    producer: PlacedLayout,
+    num_groups: int,
+    group_size: int,
+    seed: int = 0,
+    max_len: int = 300,
+    empty_holders: tuple[int, ...] = (),
+) -> dict[int, PackedBatch]:
     """{holder rank: its batch}: whole groups, dealt to holders at random, long-tailed lengths; sample
     ids are shuffled so that no holder's ids are a contiguous range. Holders in empty_holders get none."""
     rng = np.random.default_rng(seed)
@@ -36,14 +51,20 @@ def _batch(ids, groups, lengths, gen) -> PackedBatch:
     total = int(lengths.sum())
     response = torch.from_numpy(lengths // 2 + 1)
     num = len(ids)
-    return PackedBatch(ids, groups, lengths, {
-        "input_ids": torch.randint(0, 32000, (total,), generator=gen),
-        "old_logprobs": -torch.rand(total, generator=gen),
-        "advantages": torch.randn(int(response.sum()), generator=gen).to(torch.bfloat16),
-        "attention_mask": torch.rand(total, generator=gen) > 0.1,
-        "rewards": torch.randn(num, generator=gen),
-        "scores": torch.randn(num, 3, generator=gen, dtype=torch.float64),
-    }, {"input_ids": lengths, "old_logprobs": lengths, "advantages": response, "attention_mask": lengths})
+    return PackedBatch(
+        ids,
+        groups,
+        lengths,
+        {
+            "input_ids": torch.randint(0, 32000, (total,), generator=gen),
+            "old_logprobs": -torch.rand(total, generator=gen),
+            "advantages": torch.randn(int(response.sum()), generator=gen).to(torch.bfloat16),
+            "attention_mask": torch.rand(total, generator=gen) > 0.1,
+            "rewards": torch.randn(num, generator=gen),
+            "scores": torch.randn(num, 3, generator=gen, dtype=torch.float64),
+        },
+        {"input_ids": lengths, "old_logprobs": lengths, "advantages": response, "attention_mask": lengths},
+    )
 
 
 def expected_view(batches: dict[int, PackedBatch], plan: RedistributionPlan, rank: int):

@@ -4,6 +4,7 @@ Prints, per rank: 'CASE-OK <case> rank=R' for every layout pair (bit equality wi
 TP/CP peers holding the same samples), 'OVERLAP rank=R {...}' with the double buffer's recorded
 timestamps, and 'TIMEOUT-OK rank=R <message>' for a peer that never sends.
 """
+
 import json
 import os
 import sys
@@ -16,7 +17,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 from data_cases import FIELDS, expected_view, synthetic_batches  # noqa: E402
 
 from distflow.coordination.data import (  # noqa: E402
-    DataCoordinator, DataTransferTimeout, DataEdge, FieldPlacement, PlacedLayout, double_buffered)
+    DataCoordinator,
+    DataEdge,
+    DataTransferTimeout,
+    FieldPlacement,
+    PlacedLayout,
+    double_buffered,
+)
 from distflow.coordination.data import coordinator as data_coordinator  # noqa: E402
 from distflow.layout import ParallelLayout, Placement  # noqa: E402
 
@@ -32,14 +39,28 @@ def cases(world):
     colocated = Placement.create("colocated", world, 1)
     split = Placement.create("disaggregated", world, 1, num_rollout_ranks=2)
     rollout = PlacedLayout.rollout(colocated)
-    train = lambda **kw: PlacedLayout.training(ParallelLayout.for_world(world, **kw), colocated)
+
+    def train(**kw):
+        return PlacedLayout.training(ParallelLayout.for_world(world, **kw), colocated)
+
     yield "rollout_dp4_to_tp2_dp2", rollout, train(tp=2), True, ()
     yield "rollout_dp4_to_tp2_dp2_split_groups", rollout, train(tp=2), False, ()
-    yield "engine_tp2_to_pp2_dp2", PlacedLayout.rollout(Placement.create("colocated", world, 2)), train(pp=2), True, ()
+    yield (
+        "engine_tp2_to_pp2_dp2",
+        PlacedLayout.rollout(Placement.create("colocated", world, 2)),
+        train(pp=2),
+        True,
+        (),
+    )
     yield "rollout_dp4_to_cp2_tp2_with_empty_holder", rollout, train(tp=2, cp=2), True, (1,)
     yield "megatron_tp2_dp2_to_tp1_pp2_dp2", train(tp=2), train(pp=2), True, ()
-    yield "disaggregated_rollout_to_train_tp2", PlacedLayout.rollout(split), \
-        PlacedLayout.training(ParallelLayout(tp=2), split), True, ()
+    yield (
+        "disaggregated_rollout_to_train_tp2",
+        PlacedLayout.rollout(split),
+        PlacedLayout.training(ParallelLayout(tp=2), split),
+        True,
+        (),
+    )
 
 
 def check_case(coordinator, rank, name, producer, consumer, keep_groups, empty):
@@ -64,8 +85,10 @@ def check_case(coordinator, rank, name, producer, consumer, keep_groups, empty):
             assert ids[peer] == ids[rank], f"{name}: rank {peer} has other samples than rank {rank}"
         every = sorted(i for d in range(consumer.layout.dp) for i in ids[consumer.dp_ranks(d)[0]])
         assert every == sorted(plan.table.sample_ids.tolist()), f"{name}: samples lost or duplicated"
-    say(f"CASE-OK {name} rank={rank} samples={0 if got is None else len(got)} "
-          f"sent={handle.bytes_sent} received={handle.bytes_received}")
+    say(
+        f"CASE-OK {name} rank={rank} samples={0 if got is None else len(got)} "
+        f"sent={handle.bytes_sent} received={handle.bytes_received}"
+    )
 
 
 def overlap(coordinator, rank, world):
@@ -81,9 +104,12 @@ def overlap(coordinator, rank, world):
         def start():
             batches = synthetic_batches(producer, 64, 8, seed=100 + i, max_len=4096)
             mine = batches.get(rank)
-            mine = None if mine is None else mine.select(torch.arange(len(mine)), ["input_ids", "old_logprobs"])
+            mine = (
+                None if mine is None else mine.select(torch.arange(len(mine)), ["input_ids", "old_logprobs"])
+            )
             handles.append(coordinator.start(DataEdge(f"step{i}", producer, consumer, fields), mine))
             return handles[-1]
+
         return start
 
     a = torch.randn(256, 256)
@@ -92,8 +118,14 @@ def overlap(coordinator, rank, world):
         while iterations == 0 or (i < 2 and not handles[i + 1].done() and time.monotonic() - begin < 120):
             a = torch.tanh(a @ a)  # the "compute" on this batch
             iterations += 1
-        spans.append({"compute_start": begin, "compute_end": time.monotonic(), "iterations": iterations,
-                      "samples": len(batch)})
+        spans.append(
+            {
+                "compute_start": begin,
+                "compute_end": time.monotonic(),
+                "iterations": iterations,
+                "samples": len(batch),
+            }
+        )
     record = {"spans": spans, "transfers": [h.timeline for h in handles]}
     say(f"OVERLAP rank={rank} {json.dumps(record)}")
 
@@ -107,8 +139,9 @@ def timeout(rank, world):
     batches = synthetic_batches(producer, 8, 2, seed=3)
     if rank == 1:
         post = data_coordinator.dist.batch_isend_irecv
-        data_coordinator.dist.batch_isend_irecv = lambda ops: post([op for op in ops if op.peer != 0]) if any(
-            op.peer != 0 for op in ops) else []
+        data_coordinator.dist.batch_isend_irecv = lambda ops: (
+            post([op for op in ops if op.peer != 0]) if any(op.peer != 0 for op in ops) else []
+        )
     handle = coordinator.start(DataEdge("train_actor", producer, consumer, FIELDS), batches.get(rank))
     if rank == 0:
         try:

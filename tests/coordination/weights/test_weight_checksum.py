@@ -1,5 +1,6 @@
 """The verify checksum: shares of pieces add up to the whole tensor's checksum, and it sees changed,
 swapped and moved elements in every engine dtype."""
+
 import pytest
 import torch
 
@@ -35,6 +36,7 @@ def test_changes_swaps_and_shifts_are_seen():
 
 def test_large_tensors_are_processed_in_chunks():
     t = torch.randn(3000, 2000)  # 6M elements > one chunk
-    halves = cs.region_checksum(t[:1500].clone(), tuple(t.shape), ((0, 1500),)) + \
-        cs.region_checksum(t[1500:].clone(), tuple(t.shape), ((1500, 1500),))
+    halves = cs.region_checksum(t[:1500].clone(), tuple(t.shape), ((0, 1500),)) + cs.region_checksum(
+        t[1500:].clone(), tuple(t.shape), ((1500, 1500),)
+    )
     assert halves % cs.MODULUS == cs.checksum(t)

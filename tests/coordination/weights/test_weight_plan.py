@@ -5,12 +5,13 @@ SGLang's loaders make of the full HF tensors, for TP/PP/VPP/DP training layouts 
 experts, router, shared expert) from EP/ETP/expert-DP layouts, each expert from its EP owner; each engine
 rank receives only its slice; replicas share the sending; buckets respect the bound and mix pipeline
 stages."""
+
 import pytest
 import torch
 
 from distflow.coordination.weights import plan as wplan
-from distflow.coordination.weights.regions import narrow
 from distflow.coordination.weights.megatron_names import global_name
+from distflow.coordination.weights.regions import narrow
 from distflow.coordination.weights.sglang_layout import Dims, hf_tensor_shape, sglang_padded_vocab
 from distflow.layout import ParallelLayout, Placement
 from distflow.models import conversion, tp_sharding, weight_mapping
@@ -25,9 +26,19 @@ QWEN3_MOE = SPECS["Qwen3MoeForCausalLM"]
 
 
 def config(arch, *, layers=4, hidden=32, heads=4, kv=2, ffn=48, vocab=300, tied=False, head_dim=None):
-    cfg = dict(architectures=[arch], num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-               num_key_value_heads=kv, intermediate_size=ffn, vocab_size=vocab, tie_word_embeddings=tied,
-               rms_norm_eps=1e-6, max_position_embeddings=128, rope_theta=10000.0)
+    cfg = dict(
+        architectures=[arch],
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        intermediate_size=ffn,
+        vocab_size=vocab,
+        tie_word_embeddings=tied,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=128,
+        rope_theta=10000.0,
+    )
     if head_dim:
         cfg["head_dim"] = head_dim
     return cfg
@@ -35,7 +46,9 @@ def config(arch, *, layers=4, hidden=32, heads=4, kv=2, ffn=48, vocab=300, tied=
 
 def moe_config(arch, *, experts=4, shared=False, **kw):
     cfg = config(arch, **kw)
-    cfg.update(num_local_experts=experts, num_experts=experts, num_experts_per_tok=2, moe_intermediate_size=24)
+    cfg.update(
+        num_local_experts=experts, num_experts=experts, num_experts_per_tok=2, moe_intermediate_size=24
+    )
     if shared:
         cfg["shared_expert_intermediate_size"] = 40
     return cfg
@@ -62,10 +75,20 @@ def megatron_shards(spec, cfg, hf, train: ParallelLayout) -> dict[int, dict[str,
         for vp in range(train.vpp):
             offset = (vp * train.pp + c.pp) * per_chunk
             shard = conversion.hf_to_megatron_shard(
-                spec, cfg, hf.__getitem__, tp_rank=c.tp, tp_size=train.tp, layer_offset=offset,
-                num_layers=per_chunk, pre_process=c.pp == 0 and vp == 0,
+                spec,
+                cfg,
+                hf.__getitem__,
+                tp_rank=c.tp,
+                tp_size=train.tp,
+                layer_offset=offset,
+                num_layers=per_chunk,
+                pre_process=c.pp == 0 and vp == 0,
                 post_process=c.pp == train.pp - 1 and vp == train.vpp - 1,
-                ep_rank=ep, ep_size=train.ep, etp_rank=etp, etp_size=train.etp)
+                ep_rank=ep,
+                ep_size=train.ep,
+                etp_rank=etp,
+                etp_size=train.etp,
+            )
             state.update({global_name(n, offset, ep * experts_per_rank): t for n, t in shard.items()})
         out[rank] = state
     return out
@@ -102,13 +125,17 @@ def sglang_reference(spec, cfg, hf, tp, r):
             q, k, v = (hf[a + f"{x}_proj.{kind}"] for x in "qkv")
             out[a + f"qkv_proj.{kind}"] = torch.cat([q.chunk(tp)[r], kv_part(k), kv_part(v)])
         if spec.qk_layernorm:
-            out[a + "q_norm.weight"], out[a + "k_norm.weight"] = hf[a + "q_norm.weight"], hf[a + "k_norm.weight"]
+            out[a + "q_norm.weight"], out[a + "k_norm.weight"] = (
+                hf[a + "q_norm.weight"],
+                hf[a + "k_norm.weight"],
+            )
         out[a + "o_proj.weight"] = hf[a + "o_proj.weight"].chunk(tp, dim=1)[r]
         if spec.moe:
             out.update(sglang_moe_reference(spec, cfg, hf, tp, r, i))
             continue
-        out[m + "gate_up_proj.weight"] = torch.cat([hf[m + "gate_proj.weight"].chunk(tp)[r],
-                                                    hf[m + "up_proj.weight"].chunk(tp)[r]])
+        out[m + "gate_up_proj.weight"] = torch.cat(
+            [hf[m + "gate_proj.weight"].chunk(tp)[r], hf[m + "up_proj.weight"].chunk(tp)[r]]
+        )
         out[m + "down_proj.weight"] = hf[m + "down_proj.weight"].chunk(tp, dim=1)[r]
     out["model.norm.weight"] = hf["model.norm.weight"]
     if not d.tied:
@@ -121,16 +148,28 @@ def sglang_moe_reference(spec, cfg, hf, tp, r, layer):
     b = f"model.layers.{layer}.{spec.hf_moe_block}."
     gate, up, down = spec.hf_expert_projections
     experts = range(cfg["num_experts"])
-    out = {b + "gate.weight": hf[b + "gate.weight"],
-           b + "experts.w13_weight": torch.stack([torch.cat([hf[f"{b}experts.{e}.{gate}.weight"].chunk(tp)[r],
-                                                             hf[f"{b}experts.{e}.{up}.weight"].chunk(tp)[r]])
-                                                  for e in experts]),
-           b + "experts.w2_weight": torch.stack([hf[f"{b}experts.{e}.{down}.weight"].chunk(tp, dim=1)[r]
-                                                 for e in experts])}
+    out = {
+        b + "gate.weight": hf[b + "gate.weight"],
+        b + "experts.w13_weight": torch.stack(
+            [
+                torch.cat(
+                    [
+                        hf[f"{b}experts.{e}.{gate}.weight"].chunk(tp)[r],
+                        hf[f"{b}experts.{e}.{up}.weight"].chunk(tp)[r],
+                    ]
+                )
+                for e in experts
+            ]
+        ),
+        b + "experts.w2_weight": torch.stack(
+            [hf[f"{b}experts.{e}.{down}.weight"].chunk(tp, dim=1)[r] for e in experts]
+        ),
+    }
     if spec.shared_expert:
         s = b + "shared_expert."
-        out[s + "gate_up_proj.weight"] = torch.cat([hf[s + "gate_proj.weight"].chunk(tp)[r],
-                                                    hf[s + "up_proj.weight"].chunk(tp)[r]])
+        out[s + "gate_up_proj.weight"] = torch.cat(
+            [hf[s + "gate_proj.weight"].chunk(tp)[r], hf[s + "up_proj.weight"].chunk(tp)[r]]
+        )
         out[s + "down_proj.weight"] = hf[s + "down_proj.weight"].chunk(tp, dim=1)[r]
         out[b + "shared_expert_gate.weight"] = hf[b + "shared_expert_gate.weight"]
     return out
@@ -213,27 +252,39 @@ def test_moe_shards_equal_sglang_fused_expert_loading(spec, cfg_kw, train_kw, wo
                         expert = int(p.src_name.split(".local_experts.")[1].split(".")[0])
                         in_stage = placement.train_ranks.index(p.src_rank) % (train.world_size // train.pp)
                         assert in_stage // train.etp % train.ep == expert // per_ep, (p.src_rank, p.src_name)
-    fallback = wplan.plan_weight_sync(spec, cfg, train, placement, bucket_bytes=4096, element_size=4, mode="hf")
+    fallback = wplan.plan_weight_sync(
+        spec, cfg, train, placement, bucket_bytes=4096, element_size=4, mode="hf"
+    )
     if engine_tp > 1:  # each rank receives its slice, not the full model
         assert plan.receiver_bytes(0, 0) < fallback.receiver_bytes(0, 0)
 
 
-@pytest.mark.parametrize("arch,cfg_kw,train_kw,world", [
-    ("Qwen2ForCausalLM", dict(tied=True), dict(tp=2, pp=2), 4),
-    ("LlamaForCausalLM", dict(), dict(tp=2), 2),
-    ("MixtralForCausalLM", dict(moe=True), dict(ep=2), 2),  # experts sent by their EP owners
-    ("Qwen3MoeForCausalLM", dict(moe=True, head_dim=16), dict(tp=2, ep=2), 4),  # experts split over ETP 2
-    ("Qwen2MoeForCausalLM", dict(moe=True, shared=True), dict(tp=2, pp=2, ep=2), 8),  # + shared expert
-    ("Qwen2MoeForCausalLM", dict(moe=True, shared=True), dict(ep=2), 4),  # expert-DP 2
-])
+@pytest.mark.parametrize(
+    "arch,cfg_kw,train_kw,world",
+    [
+        ("Qwen2ForCausalLM", dict(tied=True), dict(tp=2, pp=2), 4),
+        ("LlamaForCausalLM", dict(), dict(tp=2), 2),
+        ("MixtralForCausalLM", dict(moe=True), dict(ep=2), 2),  # experts sent by their EP owners
+        ("Qwen3MoeForCausalLM", dict(moe=True, head_dim=16), dict(tp=2, ep=2), 4),  # experts split over ETP 2
+        ("Qwen2MoeForCausalLM", dict(moe=True, shared=True), dict(tp=2, pp=2, ep=2), 8),  # + shared expert
+        ("Qwen2MoeForCausalLM", dict(moe=True, shared=True), dict(ep=2), 4),  # expert-DP 2
+    ],
+)
 def test_hf_fallback_assembles_full_hf_tensors(arch, cfg_kw, train_kw, world):
     spec = SPECS[arch]
     kw = {k: v for k, v in cfg_kw.items() if k != "moe"}
     cfg = moe_config(arch, **kw) if cfg_kw.get("moe") else config(arch, **kw)
     train = ParallelLayout.for_world(world, **train_kw)
     hf = hf_state(spec, cfg)
-    plan = wplan.plan_weight_sync(spec, cfg, train, Placement.create("colocated", world, 2), bucket_bytes=1 << 20,
-                                  element_size=4, mode="hf")
+    plan = wplan.plan_weight_sync(
+        spec,
+        cfg,
+        train,
+        Placement.create("colocated", world, 2),
+        bucket_bytes=1 << 20,
+        element_size=4,
+        mode="hf",
+    )
     got = assemble(plan, 0, 0, megatron_shards(spec, cfg, hf, train))
     assert list(got) == list(hf)
     assert all(torch.equal(got[n], hf[n]) for n in hf)
@@ -257,8 +308,9 @@ def test_pieces_read_only_what_the_sender_holds():
 def test_replicas_share_the_sending_and_stages_send_in_parallel():
     spec, cfg = QWEN2, config("Qwen2ForCausalLM", tied=True)
     train = ParallelLayout.for_world(4, pp=2)  # dp 2
-    plan = wplan.plan_weight_sync(spec, cfg, train, Placement.create("colocated", 4, 1), bucket_bytes=24576,
-                                  element_size=2)
+    plan = wplan.plan_weight_sync(
+        spec, cfg, train, Placement.create("colocated", 4, 1), bucket_bytes=24576, element_size=2
+    )
     sent = plan.sender_bytes()
     assert set(sent) == {0, 1, 2, 3}  # engines 0..3 read from replicas 0, 1, 0, 1: every rank sends
     stage_of = {t.name: t.stage for t in plan.engines[0][0].targets}
@@ -271,8 +323,9 @@ def test_buckets_respect_the_bound_and_cover_every_tensor_once():
     spec, cfg = LLAMA, config("LlamaForCausalLM")
     train = ParallelLayout.for_world(2, tp=2)
     bound = 1024  # below the embedding's (160 x 32 x 2 B per engine rank) and the MLP's sizes
-    plan = wplan.plan_weight_sync(spec, cfg, train, Placement.create("colocated", 2, 2), bucket_bytes=bound,
-                                  element_size=2)
+    plan = wplan.plan_weight_sync(
+        spec, cfg, train, Placement.create("colocated", 2, 2), bucket_bytes=bound, element_size=2
+    )
     names = [n for b in plan.buckets for n in b]
     assert sorted(names) == sorted(t.name for t in plan.engines[0][0].targets)
     for b in range(len(plan.buckets)):
@@ -281,7 +334,9 @@ def test_buckets_respect_the_bound_and_cover_every_tensor_once():
     embed = [t for t in plan.engines[0][1].targets if t.param_name == "model.embed_tokens.weight"]
     # 16 rows of 32 elements (1 KiB) per range; padding rows 140..159 stay zero-filled in the last two
     assert [(t.name, t.row_offset, t.shape) for t in embed[:2]] == [
-        ("model.embed_tokens.weight[0:16]", 0, (16, 32)), ("model.embed_tokens.weight[16:32]", 16, (16, 32))]
+        ("model.embed_tokens.weight[0:16]", 0, (16, 32)),
+        ("model.embed_tokens.weight[16:32]", 16, (16, 32)),
+    ]
     assert [t.padding_rows for t in embed[-3:]] == [None, (12, 4), (0, 16)]
     assert plan.engines[0][1].param_shapes["model.embed_tokens.weight"] == (160, 32)
 
@@ -289,9 +344,19 @@ def test_buckets_respect_the_bound_and_cover_every_tensor_once():
 def test_a_row_larger_than_the_bound_travels_alone():
     """Stacked experts [E, 2f, h] are cut between experts; one expert above the bound is a range of one row."""
     spec, cfg = MIXTRAL, moe_config("MixtralForCausalLM")
-    plan = wplan.plan_weight_sync(spec, cfg, ParallelLayout.for_world(2, ep=2), Placement.create("colocated", 2, 1),
-                                  bucket_bytes=4 * 96 * 32 - 4, element_size=4)  # one expert's w13: 2 x 48 rows
-    w13 = [t for t in plan.engines[0][0].targets if t.param_name == "model.layers.0.block_sparse_moe.experts.w13_weight"]
+    plan = wplan.plan_weight_sync(
+        spec,
+        cfg,
+        ParallelLayout.for_world(2, ep=2),
+        Placement.create("colocated", 2, 1),
+        bucket_bytes=4 * 96 * 32 - 4,
+        element_size=4,
+    )  # one expert's w13: 2 x 48 rows
+    w13 = [
+        t
+        for t in plan.engines[0][0].targets
+        if t.param_name == "model.layers.0.block_sparse_moe.experts.w13_weight"
+    ]
     assert [t.shape for t in w13] == [(1, 96, 32)] * 4
     assert [len(t.pieces) for t in w13] == [2] * 4  # gate rows and up rows of one expert, from its EP owner
 
@@ -300,19 +365,29 @@ def test_megatron_vocab_padding_differs_from_sglangs():
     """300 tokens: Megatron pads to 512 at TP2 (256 per rank), SGLang to 320 at TP2 (160 per rank)."""
     spec, cfg = LLAMA, config("LlamaForCausalLM", vocab=300)
     assert tp_sharding.padded_vocab_size(300, 2) == 512 and sglang_padded_vocab(300, 2) == 320
-    plan = wplan.plan_weight_sync(spec, cfg, ParallelLayout.for_world(2, tp=2), Placement.create("colocated", 2, 2),
-                                  bucket_bytes=1 << 20)
+    plan = wplan.plan_weight_sync(
+        spec,
+        cfg,
+        ParallelLayout.for_world(2, tp=2),
+        Placement.create("colocated", 2, 2),
+        bucket_bytes=1 << 20,
+    )
     embed = plan.engines[0][1].by_name["model.embed_tokens.weight"]
     assert embed.shape == (160, 32) and embed.padding_rows == (140, 20)
     # rows 160..299 of the vocabulary: 96 from Megatron TP rank 0 (rows 160..255), 44 from rank 1
-    assert [(p.src_rank, p.src[0], p.dst[0]) for p in embed.pieces] == [(0, (160, 96), (0, 96)), (1, (0, 44), (96, 44))]
+    assert [(p.src_rank, p.src[0], p.dst[0]) for p in embed.pieces] == [
+        (0, (160, 96), (0, 96)),
+        (1, (0, 44), (96, 44)),
+    ]
 
 
 def test_cpu_engines_that_pad_take_the_hf_fallback():
     """SGLang's CPU engine pads KV heads that do not split over its TP and MLP widths to 32 * TP."""
     kv1 = config("LlamaForCausalLM", kv=1, ffn=64)
     assert wplan.sync_mode(LLAMA, "auto", kv1, engine_tp=2, engine_device="cpu") == wplan.HF
-    assert wplan.sync_mode(LLAMA, "auto", kv1, engine_tp=2, engine_device="cuda") == wplan.SHARDS  # replicated
+    assert (
+        wplan.sync_mode(LLAMA, "auto", kv1, engine_tp=2, engine_device="cuda") == wplan.SHARDS
+    )  # replicated
     ffn48 = config("LlamaForCausalLM", ffn=48)
     assert wplan.sync_mode(LLAMA, "auto", ffn48, engine_tp=1, engine_device="cpu") == wplan.HF
     ffn64 = config("LlamaForCausalLM", ffn=64)
@@ -330,10 +405,16 @@ def test_cpu_engines_that_pad_take_the_hf_fallback():
 def test_unsupported_layouts_fail_clearly():
     spec, cfg = QWEN2, config("Qwen2ForCausalLM", heads=4, kv=2)
     with pytest.raises(ValueError, match="engine_tp=3"):
-        wplan.plan_weight_sync(spec, cfg, ParallelLayout.for_world(3), Placement.create("colocated", 3, 3),
-                               bucket_bytes=1024)
+        wplan.plan_weight_sync(
+            spec, cfg, ParallelLayout.for_world(3), Placement.create("colocated", 3, 3), bucket_bytes=1024
+        )
     assert wplan.sync_mode(MIXTRAL) == wplan.SHARDS
     assert wplan.sync_mode(MIXTRAL, "hf") == wplan.HF
     with pytest.raises(ValueError, match="intermediate_size=50 does not split over engine_tp=4"):
-        wplan.plan_weight_sync(MIXTRAL, moe_config("MixtralForCausalLM", kv=4, ffn=50), ParallelLayout.for_world(4),
-                               Placement.create("colocated", 4, 4), bucket_bytes=1024)
+        wplan.plan_weight_sync(
+            MIXTRAL,
+            moe_config("MixtralForCausalLM", kv=4, ffn=50),
+            ParallelLayout.for_world(4),
+            Placement.create("colocated", 4, 4),
+            bucket_bytes=1024,
+        )

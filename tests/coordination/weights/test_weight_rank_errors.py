@@ -1,6 +1,7 @@
 """RankErrors (distflow/coordination/weights/rank_errors.py) in a 2-rank gloo job: a rank's failure skips its
 own later phases, every rank enters the same exchanges (the same all_gather_object count on every rank), and
 every rank raises one WeightSyncError naming the first failed rank with its error and the other failed ranks."""
+
 from pathlib import Path
 
 import pytest
@@ -42,10 +43,15 @@ def test_one_failed_rank_is_named_on_every_rank(results):
 
 
 def test_every_failed_rank_is_named(results):
-    for case, first in [("both_phase1", "ValueError: phase 1 broke on rank 0"),
-                        ("rank0_phase0_rank1_phase1", "ValueError: phase 0 broke on rank 0")]:
+    for case, first in [
+        ("both_phase1", "ValueError: phase 1 broke on rank 0"),
+        ("rank0_phase0_rank1_phase1", "ValueError: phase 0 broke on rank 0"),
+    ]:
         for r in results[case].values():
-            assert r["raised"] == f"weight sync to version 7 failed on rank 0: {first} (and on ranks [1])" + SUFFIX
+            assert (
+                r["raised"]
+                == f"weight sync to version 7 failed on rank 0: {first} (and on ranks [1])" + SUFFIX
+            )
             assert r["all_gathers"] == 1
     assert results["rank0_phase0_rank1_phase1"][0]["ran"] == [0]
     assert results["rank0_phase0_rank1_phase1"][1]["ran"] == [0, 1]

@@ -17,6 +17,7 @@ fallback gives the same output. Faults: a rank failing mid-sync, an engine param
 sync's back, and an engine process killed mid-sync each raise on every rank, leave Megatron's weights
 untouched and the engine refusing to generate until a sync succeeds.
 """
+
 import json
 import re
 from pathlib import Path
@@ -44,7 +45,9 @@ def run_job(tmp_path_factory, family, engine_tp, cases, **sizes):
     lines = (root / "results.jsonl").read_text().splitlines() if (root / "results.jsonl").exists() else []
     results = {r["case"]: r for r in map(json.loads, lines)}
     assert sorted(results) == sorted(cases), out[-4000:]
-    assert sorted(re.findall(r"RANK-DONE (\d)", out)) == ["0", "1"], out[-4000:]  # the ranks' lines may interleave
+    assert sorted(re.findall(r"RANK-DONE (\d)", out)) == ["0", "1"], out[
+        -4000:
+    ]  # the ranks' lines may interleave
     return results
 
 
@@ -75,7 +78,9 @@ def job_e(tmp_path_factory):
 
 def check_synced(result):
     assert result["changed_by_training"], "training should change the engine's greedy output"
-    assert result["disk_params_equal"], "the engine's parameters after the sync and after the disk load differ"
+    assert result["disk_params_equal"], (
+        "the engine's parameters after the sync and after the disk load differ"
+    )
     if "nogen" in result["case"]:
         return check_bytes(result)
     assert result["engine_vs_megatron"] <= TOLERANCE, result["engine_vs_megatron"]
@@ -94,8 +99,15 @@ def check_bytes(result):
     # no full-model funnel: with two training ranks holding shards, the busiest sends part of the model
     if not result["case"].startswith("tp=1"):
         assert sync["busiest_sender_bytes"] < sync["total_bytes"]
-    assert set(sync["metrics"]) == {"sync/seconds", "sync/bytes", "sync/busiest_rank_bytes", "sync/gbps",
-                                    "sync/version", "sync/buckets", "sync/group_bytes"}
+    assert set(sync["metrics"]) == {
+        "sync/seconds",
+        "sync/bytes",
+        "sync/busiest_rank_bytes",
+        "sync/gbps",
+        "sync/version",
+        "sync/buckets",
+        "sync/group_bytes",
+    }
     assert sync["metrics"]["sync/group_bytes"] == 0  # one node, colocated: shared memory only
 
 
@@ -109,7 +121,9 @@ def test_engine_tp2_matches_megatron_and_disk_load(job_b, case):
     check_synced(job_b[case])
 
 
-MOE_CASES = [("job_c", c) for c in CASES_C] + [("job_d", c) for c in CASES_D] + [("job_e", c) for c in CASES_E]
+MOE_CASES = (
+    [("job_c", c) for c in CASES_C] + [("job_d", c) for c in CASES_D] + [("job_e", c) for c in CASES_E]
+)
 
 
 @pytest.mark.parametrize("job,case", MOE_CASES)
@@ -121,8 +135,9 @@ def test_moe_syncs_engine_shards(request, job, case):
         assert set(result["sync"]["sender_bytes"]) == {"0", "1"}  # the experts come from both EP ranks
 
 
-@pytest.mark.parametrize("job,case", [("job_a", "tp=2+counted"), ("job_b", "tp=2+counted"),
-                                      ("job_b", "tp=1+counted")] + MOE_CASES)
+@pytest.mark.parametrize(
+    "job,case", [("job_a", "tp=2+counted"), ("job_b", "tp=2+counted"), ("job_b", "tp=1+counted")] + MOE_CASES
+)
 def test_each_engine_rank_receives_exactly_its_shards(request, job, case):
     result = request.getfixturevalue(job)[case]
     counted = result["counted"]
@@ -132,8 +147,16 @@ def test_each_engine_rank_receives_exactly_its_shards(request, job, case):
         assert report["received"] == report["params"] == result["sync"]["receiver_bytes"][f"0/{rank}"]
 
 
-@pytest.mark.parametrize("job,case", [("job_a", "pp=2+hf"), ("job_b", "pp=2+hf"), ("job_c", "ep=2+counted,hf"),
-                                      ("job_d", "ep=2+counted,hf"), ("job_e", "ep=2+counted,hf,nogen")])
+@pytest.mark.parametrize(
+    "job,case",
+    [
+        ("job_a", "pp=2+hf"),
+        ("job_b", "pp=2+hf"),
+        ("job_c", "ep=2+counted,hf"),
+        ("job_d", "ep=2+counted,hf"),
+        ("job_e", "ep=2+counted,hf,nogen"),
+    ],
+)
 def test_hf_named_fallback_gives_the_same_engine(request, job, case):
     result = request.getfixturevalue(job)[case]
     assert result["hf_params_equal"]
@@ -156,7 +179,9 @@ def test_verify_names_the_parameter_that_differs(job_a):
 def test_engine_killed_mid_sync_is_an_error_not_a_hang(job_a):
     result = job_a["tp=2+kill"]
     assert "died" in result["kill_raised"], result["kill_raised"]
-    assert "last lines of the engine log" in result["kill_raised"], result["kill_raised"]  # the engine's own words
+    assert "last lines of the engine log" in result["kill_raised"], result[
+        "kill_raised"
+    ]  # the engine's own words
     assert result["kill_seconds"] < 60  # a bound against a hang (the monitor polls every 0.5 s), not a timing
     assert result["megatron_intact"]
     assert "stale" in result["stale_refused"]

@@ -1,6 +1,7 @@
 """torchrun job (2 ranks): a pipeline whose data moves from the rollout layout (one engine per rank, each
 holding its own samples) to an actor layout of TP=2 (both ranks need every sample), through the
 controller's CoordinatorMover. Rank 0 writes what the consumer node saw, for the test to check."""
+
 import argparse
 import datetime
 import json
@@ -22,7 +23,9 @@ SAMPLES_PER_RANK, GROUP = 6, 3
 def make_samples(rank: int) -> PackedBatch:
     gen = torch.Generator().manual_seed(rank)
     ids = [rank * 100 + i for i in range(SAMPLES_PER_RANK)]
-    tokens = [torch.randint(0, 50, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen) for _ in ids]
+    tokens = [
+        torch.randint(0, 50, (int(torch.randint(3, 12, (1,), generator=gen)),), generator=gen) for _ in ids
+    ]
     return PackedBatch.from_samples(ids, [i // GROUP for i in ids], {"input_ids": tokens})
 
 
@@ -43,9 +46,14 @@ def advantage(ctx, inputs):
 
 def train(ctx, inputs):
     s, a = inputs["samples"], inputs["advantages"]
-    return {"seen": {"ids": s.sample_ids.tolist(), "adv_ids": a.sample_ids.tolist(),
-                     "tokens": [s.sample(i)["input_ids"].tolist() for i in range(len(s))],
-                     "adv": a.fields["advantages"].tolist()}}
+    return {
+        "seen": {
+            "ids": s.sample_ids.tolist(),
+            "adv_ids": a.sample_ids.tolist(),
+            "tokens": [s.sample(i)["input_ids"].tolist() for i in range(len(s))],
+            "adv": a.fields["advantages"].tolist(),
+        }
+    }
 
 
 def main():
@@ -55,7 +63,9 @@ def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     cfg = resolve(None, ["actor.tp=2"])
     cluster = ClusterLayout.from_config(cfg, dist.get_world_size(), None)
-    pipeline = Pipeline("moving", fields={"samples": {"input_ids": "all"}, "advantages": {"advantages": "last"}})
+    pipeline = Pipeline(
+        "moving", fields={"samples": {"input_ids": "all"}, "advantages": {"advantages": "last"}}
+    )
     pipeline.add("generate", "rollout", generate, ["prompts"], ["samples"])
     pipeline.add("advantage", "all", advantage, ["samples"], ["advantages"], keep_groups=True)
     pipeline.add("train", "actor", train, ["samples", "advantages"], ["seen"])
@@ -67,8 +77,13 @@ def main():
     dist.all_gather_object(gathered, seen)
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
-            json.dump({"per_rank": gathered, "node_layouts": {k: v.describe() for k, v in mover.node_layouts.items()}},
-                      f)
+            json.dump(
+                {
+                    "per_rank": gathered,
+                    "node_layouts": {k: v.describe() for k, v in mover.node_layouts.items()},
+                },
+                f,
+            )
     coordinator.close()
     dist.destroy_process_group()
 

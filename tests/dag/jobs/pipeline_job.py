@@ -3,6 +3,7 @@
 --fail-rank R makes node 'explode' raise on rank R; the other ranks are then blocked in the next node's
 collective and must be stopped by the failure signal, not by the 300 s collective timeout.
 """
+
 import argparse
 import datetime
 import json
@@ -41,11 +42,15 @@ def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
     failure = FailureSignal.from_default_group(poll_s=0.2).start()
-    pipeline = (Pipeline("test").add("square", "all", square, ["prompts"], ["squares"])
-                .add("explode", "all", explode, ["squares"], ["checked"])
-                .add("total", "all", total, ["checked"], ["total"]))
-    controller = RankController(pipeline, {"fail_rank": args.fail_rank}, rank, {"all": tuple(range(world))},
-                                failure=failure)
+    pipeline = (
+        Pipeline("test")
+        .add("square", "all", square, ["prompts"], ["squares"])
+        .add("explode", "all", explode, ["squares"], ["checked"])
+        .add("total", "all", total, ["checked"], ["total"])
+    )
+    controller = RankController(
+        pipeline, {"fail_rank": args.fail_rank}, rank, {"all": tuple(range(world))}, failure=failure
+    )
     result = controller.run_step({"prompts": torch.arange(4) + 4 * rank})
     if rank == 0 and args.out:
         with open(args.out, "w") as f:

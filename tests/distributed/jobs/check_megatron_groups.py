@@ -2,6 +2,7 @@
 
 Prints one line per rank: 'GROUPS-OK rank=R' or raises with the first disagreement.
 """
+
 import argparse
 
 import torch.distributed as dist
@@ -22,14 +23,24 @@ def main():
     layout = ParallelLayout.for_world(env.world_size, tp=args.tp, pp=args.pp)
     distributed.initialize_megatron_groups(layout, Placement.create("colocated", env.world_size, 1), 120)
     c = layout.coords(env.rank)
-    got = (ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(),
-           ps.get_data_parallel_rank())
+    got = (
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_pipeline_model_parallel_rank(),
+        ps.get_data_parallel_rank(),
+    )
     assert got == (c.tp, c.pp, c.dp), f"rank {env.rank}: megatron (tp, pp, dp) = {got}, layout says {c}"
     for name, megatron_ranks, ours in (
-            ("tp", dist.get_process_group_ranks(ps.get_tensor_model_parallel_group()), layout.tp_group(env.rank)),
-            ("pp", dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()), layout.pp_group(env.rank)),
-            ("dp", dist.get_process_group_ranks(ps.get_data_parallel_group()), layout.dp_group(env.rank))):
-        assert sorted(megatron_ranks) == sorted(ours), f"rank {env.rank} {name} group {megatron_ranks} != {ours}"
+        ("tp", dist.get_process_group_ranks(ps.get_tensor_model_parallel_group()), layout.tp_group(env.rank)),
+        (
+            "pp",
+            dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()),
+            layout.pp_group(env.rank),
+        ),
+        ("dp", dist.get_process_group_ranks(ps.get_data_parallel_group()), layout.dp_group(env.rank)),
+    ):
+        assert sorted(megatron_ranks) == sorted(ours), (
+            f"rank {env.rank} {name} group {megatron_ranks} != {ours}"
+        )
     print(f"GROUPS-OK rank={env.rank} coords={c}", flush=True)
     dist.destroy_process_group()
 

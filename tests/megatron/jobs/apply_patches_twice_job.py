@@ -4,6 +4,7 @@ Run as a plain subprocess by tests/megatron/test_megatron_patches.py, so that th
 unpatched. Reports: the names each call returned, which module/class attributes the second call changed
 (must be none), and a few probes of patched and deliberately unpatched behaviour.
 """
+
 import inspect
 import json
 import sys
@@ -41,8 +42,11 @@ def main():
     before = megatron_namespaces()
     second = megatron_patches.apply()
     after = megatron_namespaces()
-    changed = sorted(f"{owner}.{attr}" for owner, attr in set(before) | set(after)
-                     if before.get((owner, attr)) != after.get((owner, attr)))
+    changed = sorted(
+        f"{owner}.{attr}"
+        for owner, attr in set(before) | set(after)
+        if before.get((owner, attr)) != after.get((owner, attr))
+    )
 
     from megatron.core.transformer import utils as transformer_utils
 

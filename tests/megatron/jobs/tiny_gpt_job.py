@@ -9,6 +9,7 @@ Layouts are compared through a shared starting point: one run saves its initial 
 the others start from them with --load-init (fresh init differs per layout, e.g. each PP stage draws its
 own weights).
 """
+
 import argparse
 import json
 import os
@@ -32,7 +33,9 @@ def parse_args():
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--sp", action="store_true", help="sequence parallel (needs --tp > 1)")
-    p.add_argument("--dist-opt", action="store_true", help="Megatron's distributed optimizer (shards over DP)")
+    p.add_argument(
+        "--dist-opt", action="store_true", help="Megatron's distributed optimizer (shards over DP)"
+    )
     p.add_argument("--moe", action="store_true", help="4 experts, top-2, alltoall dispatcher")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--save-init", help="dist-checkpoint dir for the weights before training")
@@ -52,21 +55,45 @@ def build_model(args):
 
     # No linear biases in the MoE model, as in Megatron's MoE recipes: SequentialMLP experts with biases add
     # them in place into a view returned by a custom autograd Function, which autograd forbids.
-    moe = dict(num_moe_experts=4, moe_router_topk=2, moe_token_dispatcher_type="alltoall",
-               expert_model_parallel_size=args.ep, moe_ffn_hidden_size=128,
-               add_bias_linear=False) if args.moe else {}
+    moe = (
+        dict(
+            num_moe_experts=4,
+            moe_router_topk=2,
+            moe_token_dispatcher_type="alltoall",
+            expert_model_parallel_size=args.ep,
+            moe_ffn_hidden_size=128,
+            add_bias_linear=False,
+        )
+        if args.moe
+        else {}
+    )
     config = TransformerConfig(
-        num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=256,
-        tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp, sequence_parallel=args.sp,
-        use_cpu_initialization=True, params_dtype=torch.float32, pipeline_dtype=torch.float32,
-        hidden_dropout=0.0, attention_dropout=0.0, **moe)
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=256,
+        tensor_model_parallel_size=args.tp,
+        pipeline_model_parallel_size=args.pp,
+        sequence_parallel=args.sp,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        pipeline_dtype=torch.float32,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        **moe,
+    )
     spec = get_gpt_layer_local_spec(num_experts=4 if args.moe else None)
     # Tied embeddings, as in the small models DistFlow trains: with PP the last stage keeps a copy of the
     # embedding that Megatron syncs at set-up and whose grads it all-reduces with the first stage's.
-    model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ_LEN,
-                     share_embeddings_and_output_weights=True,
-                     pre_process=parallel_state.is_pipeline_first_stage(),
-                     post_process=parallel_state.is_pipeline_last_stage())
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=VOCAB,
+        max_sequence_length=SEQ_LEN,
+        share_embeddings_and_output_weights=True,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+    )
     return model, config
 
 
@@ -122,8 +149,14 @@ def run_schedule(model, config, batches, forward_only: bool):
 
     rows = MICRO_BATCH // parallel_state.get_data_parallel_world_size()  # per DP rank, see data_parallel_rows
     outputs = get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=None, model=[model], num_microbatches=len(batches),
-        seq_length=SEQ_LEN, micro_batch_size=rows, forward_only=forward_only)
+        forward_step_func=forward_step,
+        data_iterator=None,
+        model=[model],
+        num_microbatches=len(batches),
+        seq_length=SEQ_LEN,
+        micro_batch_size=rows,
+        forward_only=forward_only,
+    )
     if not parallel_state.is_pipeline_last_stage():
         return None
     loss = torch.stack([o["lm loss"] for o in outputs]).mean()
@@ -136,14 +169,19 @@ def main():
     dist.init_process_group("gloo")
     applied = megatron_patches.apply()
     from megatron.core import parallel_state
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=args.tp,
-                                             pipeline_model_parallel_size=args.pp,
-                                             expert_model_parallel_size=args.ep)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=args.tp,
+        pipeline_model_parallel_size=args.pp,
+        expert_model_parallel_size=args.ep,
+    )
     torch.manual_seed(SEED)
     model_parallel_cuda_manual_seed(SEED)
     model, config = build_model(args)
@@ -155,8 +193,9 @@ def main():
     ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=args.dist_opt)
     ddp_model = DistributedDataParallel(config, ddp_config, module=model)
     config.finalize_model_grads_func = finalize_model_grads
-    optimizer_config = OptimizerConfig(optimizer="adam", lr=1e-2, clip_grad=1.0,
-                                       use_distributed_optimizer=args.dist_opt)
+    optimizer_config = OptimizerConfig(
+        optimizer="adam", lr=1e-2, clip_grad=1.0, use_distributed_optimizer=args.dist_opt
+    )
     optimizer = get_megatron_optimizer(optimizer_config, [ddp_model])
 
     # The same batch every step: the loss then falls visibly, so later steps test the updates too.
@@ -178,11 +217,21 @@ def main():
         with torch.no_grad():
             eval_loss = run_schedule(ddp_model, config, make_batches(EVAL_SEED, NUM_MICRO_BATCHES), True)
 
-    writes = (parallel_state.is_pipeline_last_stage() and parallel_state.get_tensor_model_parallel_rank() == 0
-              and parallel_state.get_data_parallel_rank() == 0)
+    writes = (
+        parallel_state.is_pipeline_last_stage()
+        and parallel_state.get_tensor_model_parallel_rank() == 0
+        and parallel_state.get_data_parallel_rank() == 0
+    )
     if writes:
-        layout = {"tp": args.tp, "pp": args.pp, "ep": args.ep, "sp": args.sp, "dist_opt": args.dist_opt,
-                  "moe": args.moe, "world": dist.get_world_size()}
+        layout = {
+            "tp": args.tp,
+            "pp": args.pp,
+            "ep": args.ep,
+            "sp": args.sp,
+            "dist_opt": args.dist_opt,
+            "moe": args.moe,
+            "world": dist.get_world_size(),
+        }
         with open(args.out, "w") as f:
             json.dump({"losses": losses, "eval_loss": eval_loss, "layout": layout, "patches": applied}, f)
     dist.barrier()

@@ -4,6 +4,7 @@
 Writes {"baseline_rss", "peak_rss", "added_peak", "written_bytes"} in bytes: RSS after imports and before
 the export, the process's high-water mark (VmHWM) after it, and their difference.
 """
+
 import json
 import sys
 
@@ -22,8 +23,16 @@ def main() -> None:
     summary = checkpoint_export.export_to_hf(ckpt, out, max_shard_bytes=max_shard, progress=False)
     peak = status_bytes("VmHWM")
     with open(result, "w") as f:
-        json.dump({"baseline_rss": baseline, "peak_rss": peak, "added_peak": peak - baseline,
-                   "written_bytes": summary["bytes"], "files": len(summary["files"])}, f)
+        json.dump(
+            {
+                "baseline_rss": baseline,
+                "peak_rss": peak,
+                "added_peak": peak - baseline,
+                "written_bytes": summary["bytes"],
+                "files": len(summary["files"]),
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ the traceback on stderr, as the interpreter would; a warning shown once per loca
 run, as in a fresh process. Writes a list of {"args", "returncode", "stdout",
 "stderr"}, one per run, in order.
 """
+
 import contextlib
 import importlib.util
 import io

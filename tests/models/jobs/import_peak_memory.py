@@ -6,6 +6,7 @@ Runs the tool's one-rank work (layout TP1 PP1: the whole model on this rank) in 
 high-water mark (VmHWM) after the checkpoint is written, and their difference. Rank processes of larger
 layouts each hold their stage's share, so one rank holding everything is the worst case.
 """
+
 import json
 import sys
 

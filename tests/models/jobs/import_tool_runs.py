@@ -9,6 +9,7 @@ parse_args and check_input (the HF directory, the layout, an empty --out), then 
 (megatron_patches.apply() and convert_rank, which creates and destroys Megatron's groups of that layout).
 Only the process group lives across conversions. Every layout must cover the N ranks.
 """
+
 import importlib.util
 import json
 import sys
@@ -40,8 +41,10 @@ def main() -> None:
         args = tool.parse_args([str(a) for a in argv])
         layout = tool.check_input(args)
         if layout.world_size() != dist.get_world_size():
-            sys.exit(f"{argv}: the layout {layout} has {layout.world_size()} ranks, this launch "
-                     f"{dist.get_world_size()}")
+            sys.exit(
+                f"{argv}: the layout {layout} has {layout.world_size()} ranks, this launch "
+                f"{dist.get_world_size()}"
+            )
         dist.barrier()  # every rank has seen --out empty before rank 0 creates it
         convert_rank(args.hf, args.out, layout)
         if dist.get_rank() == 0:

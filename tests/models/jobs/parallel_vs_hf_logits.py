@@ -15,6 +15,7 @@ Several layouts over the same ranks in one launch (the ranks' start-up paid once
 separated by --then, each with its own --out; each layout builds its
 Megatron groups and seeds its RNGs afresh, as a launch of its own would.
 """
+
 import argparse
 import json
 import os
@@ -51,10 +52,15 @@ def pipeline_forward(model, tokens: torch.Tensor) -> torch.Tensor | None:
 def my_state_and_place(model, layer_offset: int) -> tuple:
     from megatron.core import parallel_state as ps
 
-    place = dict(pp=ps.get_pipeline_model_parallel_rank(), tp=ps.get_tensor_model_parallel_rank(),
-                 dp=ps.get_data_parallel_rank(), ep=ps.get_expert_model_parallel_rank(),
-                 etp=ps.get_expert_tensor_parallel_rank(), edp=ps.get_expert_data_parallel_rank(),
-                 offset=layer_offset)
+    place = dict(
+        pp=ps.get_pipeline_model_parallel_rank(),
+        tp=ps.get_tensor_model_parallel_rank(),
+        dp=ps.get_data_parallel_rank(),
+        ep=ps.get_expert_model_parallel_rank(),
+        etp=ps.get_expert_tensor_parallel_rank(),
+        edp=ps.get_expert_data_parallel_rank(),
+        offset=layer_offset,
+    )
     state = {n: t.detach().clone() for n, t in model.state_dict().items() if not n.endswith("_extra_state")}
     return place, state
 
@@ -68,16 +74,21 @@ def gathered_to_hf(spec, cfg: dict, gathered: list) -> dict:
     hf = {}
     for pp in sorted({place["pp"] for place, _ in gathered}):
         stage = [(p, s) for p, s in gathered if p["pp"] == pp]
-        dense = sorted((p["tp"], {n: t for n, t in s.items() if not is_expert_param(n)})
-                       for p, s in stage if p["dp"] == 0)
+        dense = sorted(
+            (p["tp"], {n: t for n, t in s.items() if not is_expert_param(n)})
+            for p, s in stage
+            if p["dp"] == 0
+        )
         full = megatron_shards_to_full([s for _, s in dense], cfg["vocab_size"])
         by_ep = {}
         for p, s in stage:
             if p["edp"] == 0:
                 by_ep.setdefault(p["ep"], {})[p["etp"]] = {n: t for n, t in s.items() if is_expert_param(n)}
         if any(by_ep[0].values()):
-            per_ep = [megatron_shards_to_full([by_etp[r] for r in sorted(by_etp)], cfg["vocab_size"])
-                      for _, by_etp in sorted(by_ep.items())]
+            per_ep = [
+                megatron_shards_to_full([by_etp[r] for r in sorted(by_etp)], cfg["vocab_size"])
+                for _, by_etp in sorted(by_ep.items())
+            ]
             full.update(merge_expert_parallel(per_ep))
         hf.update(megatron_full_to_hf(spec, cfg, full, layer_offset=stage[0][0]["offset"]))
     if cfg.get("tie_word_embeddings"):
@@ -91,8 +102,12 @@ def compare(model_dir: str, megatron_dir: str | None, args) -> dict | None:
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
     from transformers import AutoModelForCausalLM
 
-    from distflow.models.checkpoint_import import CheckpointLayout, build_stage_models, load_hf_into_chunks, \
-        read_source
+    from distflow.models.checkpoint_import import (
+        CheckpointLayout,
+        build_stage_models,
+        load_hf_into_chunks,
+        read_source,
+    )
     from distflow.models.conversion import HFCheckpoint
     from distflow.models.registry import spec_for
     from distflow.models.spec import rope_type
@@ -101,8 +116,11 @@ def compare(model_dir: str, megatron_dir: str | None, args) -> dict | None:
     ckpt = HFCheckpoint(model_dir)
     cfg, spec = ckpt.config, spec_for(ckpt.config)
     layout = CheckpointLayout(tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp)
-    padded = (read_source(megatron_dir)["padded_vocab_size"] if megatron_dir
-              else padded_vocab_size(cfg["vocab_size"], args.tp))
+    padded = (
+        read_source(megatron_dir)["padded_vocab_size"]
+        if megatron_dir
+        else padded_vocab_size(cfg["vocab_size"], args.tp)
+    )
     moe = dict(moe_token_dispatcher_type=args.dispatcher) if spec.moe else {}
     (model,) = build_stage_models(spec, cfg, layout, padded, torch.float32, initialize=True, **moe)
     model.eval()
@@ -111,8 +129,9 @@ def compare(model_dir: str, megatron_dir: str | None, args) -> dict | None:
     else:
         load_hf_into_chunks([model], spec, ckpt, padded)
 
-    tokens = torch.randint(0, cfg["vocab_size"], (BATCH, args.seq_len),
-                           generator=torch.Generator().manual_seed(SEED))
+    tokens = torch.randint(
+        0, cfg["vocab_size"], (BATCH, args.seq_len), generator=torch.Generator().manual_seed(SEED)
+    )
     result = {}
     logits = pipeline_forward(model, tokens)
     if megatron_dir:
@@ -124,17 +143,24 @@ def compare(model_dir: str, megatron_dir: str | None, args) -> dict | None:
         if direct_logits is not None:
             result["identical_to_hf_load"] = torch.equal(logits, direct_logits)
     if logits is not None and ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:
-        logits = logits[..., :cfg["vocab_size"]]
+        logits = logits[..., : cfg["vocab_size"]]
         with torch.no_grad():
-            hf_logits = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(tokens).logits
-        result.update(max_abs_diff=(logits - hf_logits).abs().max().item(),
-                      max_abs_logit=hf_logits.abs().max().item())
+            hf_logits = (
+                AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()(tokens).logits
+            )
+        result.update(
+            max_abs_diff=(logits - hf_logits).abs().max().item(), max_abs_logit=hf_logits.abs().max().item()
+        )
         if rope_type(cfg) != "default":
             # How far the same weights without the rope scaling are: shows the comparison can fail.
-            result["unscaled_rope_diff"] = (logits - unscaled_rope_logits(model_dir, tokens)).abs().max().item()
+            result["unscaled_rope_diff"] = (
+                (logits - unscaled_rope_logits(model_dir, tokens)).abs().max().item()
+            )
 
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (my_state_and_place(model, get_transformer_layer_offset(model.config)), result))
+    dist.all_gather_object(
+        gathered, (my_state_and_place(model, get_transformer_layer_offset(model.config)), result)
+    )
     if dist.get_rank() != 0:
         return None
     merged = {k: v for _, r in gathered for k, v in r.items()}
@@ -142,7 +168,9 @@ def compare(model_dir: str, megatron_dir: str | None, args) -> dict | None:
     if identical:  # every last-stage rank's logits
         merged["identical_to_hf_load"] = all(identical)
     back = gathered_to_hf(spec, cfg, [placed for placed, _ in gathered])
-    merged["roundtrip_exact"] = sorted(back) == ckpt.names() and all(torch.equal(back[n], ckpt.get(n)) for n in back)
+    merged["roundtrip_exact"] = sorted(back) == ckpt.names() and all(
+        torch.equal(back[n], ckpt.get(n)) for n in back
+    )
     return merged
 
 
@@ -153,7 +181,11 @@ def unscaled_rope_logits(model_dir: str, tokens: torch.Tensor) -> torch.Tensor:
     config = AutoConfig.from_pretrained(model_dir)
     config.rope_parameters = {"rope_type": "default", "rope_theta": config.rope_parameters["rope_theta"]}
     with torch.no_grad():
-        return AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32).eval()(tokens).logits
+        return (
+            AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32)
+            .eval()(tokens)
+            .logits
+        )
 
 
 def main() -> None:
@@ -163,14 +195,20 @@ def main() -> None:
     parser.add_argument("--ep", type=int, default=1)
     parser.add_argument("--etp", type=int, default=None)
     parser.add_argument("--dispatcher", default="alltoall", choices=["alltoall", "allgather"])
-    parser.add_argument("--load-megatron", nargs="*", default=[],
-                        help="dist checkpoints to load instead of the HF weights, one per model dir")
+    parser.add_argument(
+        "--load-megatron",
+        nargs="*",
+        default=[],
+        help="dist checkpoints to load instead of the HF weights, one per model dir",
+    )
     parser.add_argument("--seq-len", type=int, default=24, help="tokens per row of the compared batch")
     parser.add_argument("--out", required=True)
     parser.add_argument("model_dirs", nargs="+")
     runs = [parser.parse_args(part) for part in split_runs(sys.argv[1:])]
     for args in runs:
-        assert not args.load_megatron or len(args.load_megatron) == len(args.model_dirs), "one checkpoint per dir"
+        assert not args.load_megatron or len(args.load_megatron) == len(args.model_dirs), (
+            "one checkpoint per dir"
+        )
 
     dist.init_process_group("gloo")
     import megatron_patches
@@ -199,8 +237,11 @@ def compare_layout(args) -> None:
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
-        expert_model_parallel_size=args.ep, expert_tensor_parallel_size=args.etp)
+        tensor_model_parallel_size=args.tp,
+        pipeline_model_parallel_size=args.pp,
+        expert_model_parallel_size=args.ep,
+        expert_tensor_parallel_size=args.etp,
+    )
     torch.manual_seed(SEED)
     model_parallel_cuda_manual_seed(SEED)  # attention forks this RNG tracker even with dropout 0
     results = {}

@@ -7,6 +7,7 @@ load gives ok=false with the error, and the script goes on with the next one. A 
 at run time takes this script down with it (SGLang kills its whole process tree when a scheduler dies): the
 caller sees which model has no result line and restarts the script with the models after it.
 """
+
 import json
 import sys
 import traceback
@@ -25,16 +26,29 @@ def generate_once(model_dir: str) -> dict:
     engine = None
     try:
         engine = sglang.Engine(
-            model_path=model_dir, device="cpu", dtype="float32", mem_fraction_static=0.05,
-            max_total_tokens=8192, disable_cuda_graph=True, skip_server_warmup=True, random_seed=0,
+            model_path=model_dir,
+            device="cpu",
+            dtype="float32",
+            mem_fraction_static=0.05,
+            max_total_tokens=8192,
+            disable_cuda_graph=True,
+            skip_server_warmup=True,
+            random_seed=0,
             log_level="error",
         )
-        out = engine.generate(input_ids=prompt_ids, sampling_params={
-            "temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True})
+        out = engine.generate(
+            input_ids=prompt_ids,
+            sampling_params={"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True},
+        )
         return {"ok": True, "prompt_ids": prompt_ids, "tokens": out["output_ids"], "error": None}
     except BaseException as exc:  # noqa: BLE001 - report any failure of the engine as data
-        return {"ok": False, "prompt_ids": prompt_ids, "tokens": None,
-                "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+        return {
+            "ok": False,
+            "prompt_ids": prompt_ids,
+            "tokens": None,
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc()[-3000:],
+        }
     finally:
         if engine is not None:
             engine.shutdown()

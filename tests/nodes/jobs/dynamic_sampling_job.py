@@ -9,6 +9,7 @@ rounds it drew and the counts, for the test to check.
 --fail-rank R --fail-attempt A: rank R raises inside its draw of round A, while the other ranks wait in
 that round's all_reduce; the failure signal must stop them with R's error.
 """
+
 import argparse
 import datetime
 import json
@@ -25,9 +26,9 @@ from distflow.nodes.dynamic_sampling import Round, collect_groups
 
 N, GROUPS = 2, 4
 SCENARIOS = {  # kept groups per round for ranks 0, 1, 2 (rank 3 holds nothing); target; max attempts; unit
-    "trim": dict(kept=[1, 3, 0], target=10, attempts=5, unit=1),    # 4/round -> round 3 has 12 -> trim to 10
+    "trim": dict(kept=[1, 3, 0], target=10, attempts=5, unit=1),  # 4/round -> round 3 has 12 -> trim to 10
     "partial": dict(kept=[1, 2, 0], target=100, attempts=2, unit=4),  # 6 kept -> 4 (a multiple of the unit)
-    "none": dict(kept=[0, 0, 0], target=4, attempts=3, unit=1),     # nothing informative: skip the update
+    "none": dict(kept=[0, 0, 0], target=4, attempts=3, unit=1),  # nothing informative: skip the update
 }
 
 
@@ -42,8 +43,9 @@ def make_round(rank: int, attempt: int, kept: int) -> Round:
             tokens.append(torch.full((3 + k,), g, dtype=torch.long))
             scores.append(float(k) if g < kept else 0.5)
     samples = PackedBatch.from_samples(ids, groups, {"input_ids": tokens})
-    rewards = PackedBatch(samples.sample_ids, samples.groups, samples.lengths,
-                          {"rewards": torch.tensor(scores) * 2})  # trained-on rewards differ from the scores
+    rewards = PackedBatch(
+        samples.sample_ids, samples.groups, samples.lengths, {"rewards": torch.tensor(scores) * 2}
+    )  # trained-on rewards differ from the scores
     return Round(samples, rewards, torch.tensor(scores))
 
 
@@ -79,13 +81,25 @@ def main():
     pipeline = Pipeline("dapo_test").add("dynamic_sampling", "all", dynamic_sampling, ["prompts"], ["result"])
     controller = RankController(pipeline, None, rank, {"all": tuple(range(world))}, failure=failure)
     result = controller.run_step({"prompts": None}).outputs["result"]
-    mine = {"rank": rank, "draws": draws, "attempts": result.attempts, "kept_groups": result.kept_groups,
-            "kept_before_trim": result.kept_before_trim, "dropped": result.dropped_groups,
-            "generated": result.generated_groups, "partial": result.partial, "holds": result.samples is not None}
+    mine = {
+        "rank": rank,
+        "draws": draws,
+        "attempts": result.attempts,
+        "kept_groups": result.kept_groups,
+        "kept_before_trim": result.kept_before_trim,
+        "dropped": result.dropped_groups,
+        "generated": result.generated_groups,
+        "partial": result.partial,
+        "holds": result.samples is not None,
+    }
     if result.samples is not None:
-        mine.update(ids=result.samples.sample_ids.tolist(), groups=result.samples.groups.tolist(),
-                    reward_ids=result.rewards.sample_ids.tolist(), rewards=result.rewards.fields["rewards"].tolist(),
-                    tokens=[result.samples.sample(i)["input_ids"].tolist() for i in range(len(result.samples))])
+        mine.update(
+            ids=result.samples.sample_ids.tolist(),
+            groups=result.samples.groups.tolist(),
+            reward_ids=result.rewards.sample_ids.tolist(),
+            rewards=result.rewards.fields["rewards"].tolist(),
+            tokens=[result.samples.sample(i)["input_ids"].tolist() for i in range(len(result.samples))],
+        )
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank == 0 and args.out:

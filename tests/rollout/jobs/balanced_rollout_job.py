@@ -6,6 +6,7 @@ rollout.balance=partition, then with balance=steal while engine 1 is slowed by t
 (DISTFLOW_FAULT_SLOW_CLAIMS), so engine 0 takes engine 1's chunks. Every rank prints
 'BALANCE {json}' with its two batches (ids, groups, tokens, logprobs, infos) and the steal run's stats.
 """
+
 import datetime
 import json
 import os
@@ -25,26 +26,47 @@ PROMPTS_PER_RANK, N, MAX_NEW_TOKENS = 4, 2, 6
 def batch_summary(batch) -> dict:
     infos = batch.infos
     rows = [batch.sample(i) for i in range(len(batch))]
-    return {"ids": batch.sample_ids.tolist(), "groups": batch.groups.tolist(),
-            "tokens": [r["input_ids"].tolist() for r in rows],
-            "logprobs": [r["rollout_logprobs"].tolist() for r in rows],
-            "responses": [infos[i].response_ids for i in batch.sample_ids.tolist()],
-            "ground_truth": [infos[i].ground_truth for i in batch.sample_ids.tolist()]}
+    return {
+        "ids": batch.sample_ids.tolist(),
+        "groups": batch.groups.tolist(),
+        "tokens": [r["input_ids"].tolist() for r in rows],
+        "logprobs": [r["rollout_logprobs"].tolist() for r in rows],
+        "responses": [infos[i].response_ids for i in batch.sample_ids.tolist()],
+        "ground_truth": [infos[i].ground_truth for i in batch.sample_ids.tolist()],
+    }
 
 
 def main():
     model_dir, output_dir = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
     rank = dist.get_rank()
-    cfg = resolve(None, [f"model.path={model_dir}", f"trainer.output_dir={output_dir}", "rollout.engine_tp=1",
-                         f"rollout.n={N}", f"rollout.max_new_tokens={MAX_NEW_TOKENS}", "rollout.temperature=1.0",
-                         "rollout.balance_chunk_prompts=1", "rollout.balance_timeout_s=600"],
-                  check_passthrough=False)
+    cfg = resolve(
+        None,
+        [
+            f"model.path={model_dir}",
+            f"trainer.output_dir={output_dir}",
+            "rollout.engine_tp=1",
+            f"rollout.n={N}",
+            f"rollout.max_new_tokens={MAX_NEW_TOKENS}",
+            "rollout.temperature=1.0",
+            "rollout.balance_chunk_prompts=1",
+            "rollout.balance_timeout_s=600",
+        ],
+        check_passthrough=False,
+    )
     placement = Placement.create("colocated", 2, 1)
     worker = RolloutWorker(cfg, placement, rank, model_dir)
     # Distinct prompts per rank (rank r: token ids 10 + r * 40 + ...), of different lengths.
-    prompts = [Prompt(index=rank * 100 + k, input_ids=[10 + rank * 40 + k + j for j in range(3 + k)], messages=[],
-                      data_source="test", ground_truth=f"{rank}/{k}") for k in range(PROMPTS_PER_RANK)]
+    prompts = [
+        Prompt(
+            index=rank * 100 + k,
+            input_ids=[10 + rank * 40 + k + j for j in range(3 + k)],
+            messages=[],
+            data_source="test",
+            ground_truth=f"{rank}/{k}",
+        )
+        for k in range(PROMPTS_PER_RANK)
+    ]
     step, eos = 3, 1
     dist.barrier()
     cfg.rollout.balance = "partition"
@@ -52,14 +74,27 @@ def main():
     partition_stats = worker.balance_stats
     dist.barrier()
     cfg.rollout.balance = "steal"
-    os.environ[work_stealing.SLOW_CLAIMS_ENV] = "1:300"  # engine 1 waits until engine 0 has claimed everything
+    os.environ[work_stealing.SLOW_CLAIMS_ENV] = (
+        "1:300"  # engine 1 waits until engine 0 has claimed everything
+    )
     steal = batch_summary(worker.generate(prompts, eos, step=step, balance=True))
     steal_stats = worker.balance_stats
     del os.environ[work_stealing.SLOW_CLAIMS_ENV]
     dist.barrier()
     worker.close()
-    print("BALANCE " + json.dumps({"rank": rank, "partition": partition, "steal": steal,
-                                   "partition_stats": partition_stats, "steal_stats": steal_stats}), flush=True)
+    print(
+        "BALANCE "
+        + json.dumps(
+            {
+                "rank": rank,
+                "partition": partition,
+                "steal": steal,
+                "partition_stats": partition_stats,
+                "steal_stats": steal_stats,
+            }
+        ),
+        flush=True,
+    )
     dist.barrier()
     dist.destroy_process_group()
 

@@ -4,6 +4,7 @@ Usage: torchrun --nproc-per-node 2 engine_in_torchrun.py MODEL_DIR PROMPT_JSON M
 Rank 0 prints 'ENGINE-OK {"tokens": [...], "logprobs": [...]}' (greedy, for PROMPT_JSON); every rank prints
 'RANK-DONE r'. Without the launch environment's fixes the engine's schedulers hang in torchrun's store.
 """
+
 import datetime
 import json
 import sys
@@ -22,7 +23,10 @@ def main():
     dist.barrier()
     if rank == 0:
         (sample,) = generate(engine, [prompt], temperature=0.0, max_new_tokens=max_new_tokens)
-        print("ENGINE-OK " + json.dumps({"tokens": sample.response_ids, "logprobs": sample.logprobs}), flush=True)
+        print(
+            "ENGINE-OK " + json.dumps({"tokens": sample.response_ids, "logprobs": sample.logprobs}),
+            flush=True,
+        )
         shutdown_engine(engine)
     dist.barrier()  # the gloo group still works after the engine came and went
     print(f"RANK-DONE {rank}", flush=True)

@@ -1,4 +1,5 @@
 """Mini-/micro-batch planning of the Megatron worker: pure functions, checked by hand and by brute force."""
+
 import itertools
 import random
 
@@ -73,8 +74,11 @@ def test_mini_batch_ranges():
 
 
 def test_micro_batch_trims_pads_and_scatters_back():
-    batch = {"input_ids": torch.arange(12).reshape(3, 4), "attention_mask": torch.tensor(
-        [[1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0]]), "row_value": torch.tensor([7.0, 8.0, 9.0])}
+    batch = {
+        "input_ids": torch.arange(12).reshape(3, 4),
+        "attention_mask": torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 0]]),
+        "row_value": torch.tensor([7.0, 8.0, 9.0]),
+    }
     lengths = batching.sequence_lengths(batch["attention_mask"])
     mb = batching.micro_batch(batch, [0, 2], lengths)
     assert mb["input_ids"].tolist() == [[0, 1], [8, 9]] and mb["row_value"].tolist() == [7.0, 9.0]

@@ -9,17 +9,18 @@ name at config time and when a worker is built.
   unknown and DistFlow-owned keys are refused; optimizer_cpu_offload on CPU says it needs CUDA;
 - recompute_* fields go to TransformerConfig (run with full recomputation in test_megatron_worker).
 """
+
 from pathlib import Path
 
 import pytest
 import torch
+from worker_reference import hf_reference
 
 from distflow.config.loader import ConfigError
 from distflow.config.schema import DistFlowConfig
 from distflow.config.validate import validate
 from distflow.models.tiny import make_tiny_model
 from distflow.testing.launch import torchrun
-from worker_reference import hf_reference
 
 JOB = Path(__file__).parent / "jobs" / "options_job.py"
 
@@ -68,13 +69,28 @@ def _config(**sections) -> DistFlowConfig:
     return cfg
 
 
-@pytest.mark.parametrize("overrides,words", [
-    (dict(actor__offload=True), ["actor.offload=true is not supported", "ref.offload=true",
-                                 "actor.optim.megatron={optimizer_cpu_offload: true"]),
-    (dict(critic__offload=True), ["critic.offload=true is not supported"]),
-    (dict(actor__optim__megatron={"lr": 1.0}), ["actor.optim.megatron.lr is set by DistFlow from optim.lr"]),
-    (dict(critic__optim__megatron={"optimizer_cpu_ofload": True}), ["critic.optim.megatron.optimizer_cpu_ofload"]),
-])
+@pytest.mark.parametrize(
+    "overrides,words",
+    [
+        (
+            dict(actor__offload=True),
+            [
+                "actor.offload=true is not supported",
+                "ref.offload=true",
+                "actor.optim.megatron={optimizer_cpu_offload: true",
+            ],
+        ),
+        (dict(critic__offload=True), ["critic.offload=true is not supported"]),
+        (
+            dict(actor__optim__megatron={"lr": 1.0}),
+            ["actor.optim.megatron.lr is set by DistFlow from optim.lr"],
+        ),
+        (
+            dict(critic__optim__megatron={"optimizer_cpu_ofload": True}),
+            ["critic.optim.megatron.optimizer_cpu_ofload"],
+        ),
+    ],
+)
 def test_config_refuses_unsupported_memory_options(overrides, words):
     with pytest.raises(ConfigError) as error:
         validate(_config(**overrides))
@@ -83,5 +99,9 @@ def test_config_refuses_unsupported_memory_options(overrides, words):
 
 
 def test_config_accepts_supported_memory_options():
-    validate(_config(ref__offload=True, actor__optim__megatron={"optimizer_cpu_offload": True,
-                                                                "optimizer_offload_fraction": 1.0}))
+    validate(
+        _config(
+            ref__offload=True,
+            actor__optim__megatron={"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0},
+        )
+    )

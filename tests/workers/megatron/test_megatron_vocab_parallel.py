@@ -1,6 +1,7 @@
 """The worker's log-prob + entropy autograd function on one rank (the TP all-reduces are covered by the
 torchrun jobs of test_megatron_worker.py): values against the plain formulas, and the hand-written backward against
 finite differences, padding columns included."""
+
 import torch
 
 from distflow.algorithms.entropy import entropy_from_logits

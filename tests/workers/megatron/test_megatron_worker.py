@@ -12,14 +12,15 @@ in turn (see jobs/worker_job.py); the numbers to match come from transformers in
   after two optimizer steps (at TP1, and at PP2xVPP2, where every micro-batch is padded to one shape);
 - critic: values of the right shape and alignment, equal across layouts; MSE falls under LR warm-up.
 """
+
 from pathlib import Path
 
 import pytest
 import torch
+from worker_reference import hf_reference
 
 from distflow.models.tiny import make_tiny_model
 from distflow.testing.launch import torchrun
-from worker_reference import hf_reference
 
 JOB = Path(__file__).parent / "jobs" / "worker_job.py"
 LOGPROB_TOL = 1e-4  # fp32 max abs diff; measured ~3e-6 (log-probs), ~1e-6 (entropy)
@@ -28,9 +29,17 @@ LAYOUT_GRAD_TOL = 1e-5  # relative, per tensor, any layout vs TP1; measured <= ~
 DYNAMIC_TOL = 1e-6  # loss and grad norm (relative), weights (absolute); measured <= ~2e-7
 
 ONE_RANK = ["actor:m2:tp=1", "actor:m4:tp=1", "actor:moe:tp=1", "dynamic:m2:tp=1", "critic:m2:tp=1"]
-TWO_RANKS = ["actor:m2:tp=2", "actor:m2:tp=2,sp=1,rc=1", "actor:m2:pp=2", "actor:m2:dp=2",
-             "actor:m4:pp=2,vpp=2", "actor:moe:ep=2", "dynamic:m4:pp=2,vpp=2", "critic:m2:tp=2,sp=1",
-             "critic:m2:pp=2"]
+TWO_RANKS = [
+    "actor:m2:tp=2",
+    "actor:m2:tp=2,sp=1,rc=1",
+    "actor:m2:pp=2",
+    "actor:m2:dp=2",
+    "actor:m4:pp=2,vpp=2",
+    "actor:moe:ep=2",
+    "dynamic:m4:pp=2,vpp=2",
+    "critic:m2:tp=2,sp=1",
+    "critic:m2:pp=2",
+]
 FOUR_RANKS = ["actor:m2:tp=2,pp=2", "actor:m4:pp=2,vpp=2,dp=2"]
 JOBS = {"one_rank": (1, ONE_RANK), "two_ranks": (2, TWO_RANKS), "four_ranks": (4, FOUR_RANKS)}
 ACTOR_CASES = [(job, case) for job, (_, cases) in JOBS.items() for case in cases if case.startswith("actor")]
@@ -40,9 +49,11 @@ ACTOR_CASES = [(job, case) for job, (_, cases) in JOBS.items() for case in cases
 def inputs(tmp_path_factory):
     """(path of the jobs' inputs file, {model: HF reference})."""
     root = tmp_path_factory.mktemp("megatron_worker")
-    models = {"m2": make_tiny_model("qwen2", root / "qwen2_vocab300", vocab=300),
-              "m4": make_tiny_model("qwen2", root / "qwen2_vocab300_4layers", vocab=300, layers=4),
-              "moe": make_tiny_model("qwen3_moe", root / "qwen3_moe_vocab300", vocab=300)}
+    models = {
+        "m2": make_tiny_model("qwen2", root / "qwen2_vocab300", vocab=300),
+        "m4": make_tiny_model("qwen2", root / "qwen2_vocab300_4layers", vocab=300, layers=4),
+        "moe": make_tiny_model("qwen3_moe", root / "qwen3_moe_vocab300", vocab=300),
+    }
     batches, references = {}, {}
     for name, model_dir in models.items():
         batches[name], references[name] = hf_reference(model_dir)
@@ -112,18 +123,24 @@ def test_gradients_equal_tp1(job, case, one_rank, request):
     for name, grad in result["grads"].items():
         assert _relative(grad, tp1["grads"][name]) <= LAYOUT_GRAD_TOL, name
     for key in ("loss", "grad_norm", "pg_clipfrac", "entropy"):
-        assert result["metrics"][key] == pytest.approx(tp1["metrics"][key], rel=LAYOUT_GRAD_TOL, abs=1e-7), key
+        assert result["metrics"][key] == pytest.approx(tp1["metrics"][key], rel=LAYOUT_GRAD_TOL, abs=1e-7), (
+            key
+        )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("job,case", [("one_rank", "dynamic:m2:tp=1"), ("two_ranks", "dynamic:m4:pp=2,vpp=2")])
+@pytest.mark.parametrize(
+    "job,case", [("one_rank", "dynamic:m2:tp=1"), ("two_ranks", "dynamic:m4:pp=2,vpp=2")]
+)
 def test_dynamic_batching_gives_the_same_update(job, case, request):
     variants = request.getfixturevalue(job)[case]
     assert len({v["metrics"]["micro_batches"] for v in variants}) >= 2, "the variants must split differently"
     base = variants[0]
     for variant in variants[1:]:
         for key in ("loss", "grad_norm"):
-            assert variant["metrics"][key] == pytest.approx(base["metrics"][key], rel=DYNAMIC_TOL), variant["variant"]
+            assert variant["metrics"][key] == pytest.approx(base["metrics"][key], rel=DYNAMIC_TOL), variant[
+                "variant"
+            ]
         assert variant["metrics"]["optimizer_steps"] == 2
         for name, weight in variant["weights"].items():
             assert (weight - base["weights"][name]).abs().max() <= DYNAMIC_TOL, (variant["variant"], name)

@@ -9,14 +9,15 @@ one process for TP1, two for TP2 then PP2. MoE families run with Megatron's allt
 experts split over the TP ranks at TP2 (ETP = TP), and with sequence parallelism there: Megatron refuses
 to train MoE with TP but without SP.
 """
+
 from pathlib import Path
 
 import pytest
 import torch
+from worker_reference import hf_reference
 
 from distflow.models.tiny import FAMILIES, MOE_FAMILIES, make_tiny_model
 from distflow.testing.launch import torchrun
-from worker_reference import hf_reference
 
 JOB = Path(__file__).parent / "jobs" / "worker_job.py"
 LOGPROB_TOL = 1e-4  # fp32 max abs diff vs transformers

@@ -1,16 +1,17 @@
 """Reward models (HF *ForSequenceClassification, one label) in Megatron: MegatronWorker role "reward" gives
 transformers' scores on the same weights, at TP1, TP2 and PP2; bad checkpoints are refused by name."""
+
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from worker_reference import make_batch
 
 from distflow.models.reward_model import NotARewardModel, RewardModelCheckpoint
 from distflow.models.tiny import make_tiny_model
 from distflow.models.tiny_reward_model import make_tiny_reward_model
 from distflow.testing.launch import torchrun
-from worker_reference import make_batch
 
 JOB = Path(__file__).parent / "jobs" / "reward_model_job.py"
 SCORE_TOL = 1e-4  # fp32 max abs diff; scores are O(1)
@@ -26,8 +27,12 @@ def reward_model(tmp_path_factory):
     batch = make_batch(vocab=300, seed=3)
     hf = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():  # one row at a time: no padding, the pooled token is the last one
-        scores = torch.stack([hf(input_ids=ids[mask.bool()][None]).logits[0, 0]
-                              for ids, mask in zip(batch["input_ids"], batch["attention_mask"])])
+        scores = torch.stack(
+            [
+                hf(input_ids=ids[mask.bool()][None]).logits[0, 0]
+                for ids, mask in zip(batch["input_ids"], batch["attention_mask"])
+            ]
+        )
     path = root / "batch.pt"
     torch.save(batch, path)
     return model_dir, path, scores
@@ -38,8 +43,12 @@ def reward_model(tmp_path_factory):
 def test_megatron_reward_scores_equal_hf(reward_model, tp, pp, tmp_path):
     model_dir, batch, hf_scores = reward_model
     out = tmp_path / "scores.pt"
-    torchrun(JOB, nproc=tp * pp, args=["--model", model_dir, "--batch", batch, "--tp", tp, "--pp", pp,
-                                       "--out", out], timeout_s=300)
+    torchrun(
+        JOB,
+        nproc=tp * pp,
+        args=["--model", model_dir, "--batch", batch, "--tp", tp, "--pp", pp, "--out", out],
+        timeout_s=300,
+    )
     scores = torch.load(out)
     assert scores.shape == hf_scores.shape
     assert hf_scores.std() > 0.1, "the scores should differ between rows for the test to mean anything"
@@ -48,7 +57,9 @@ def test_megatron_reward_scores_equal_hf(reward_model, tp, pp, tmp_path):
 
 def test_causal_lm_is_not_a_reward_model(tmp_path):
     model_dir = make_tiny_model("qwen2", tmp_path / "lm")
-    with pytest.raises(NotARewardModel, match="Qwen2ForCausalLM.*is not a reward model.*Qwen2ForSequenceClassification"):
+    with pytest.raises(
+        NotARewardModel, match="Qwen2ForCausalLM.*is not a reward model.*Qwen2ForSequenceClassification"
+    ):
         RewardModelCheckpoint(model_dir)
 
 

@@ -1,5 +1,6 @@
 """What the worker tests and their torchrun job share: the losses, a variable-length batch, and the Hugging
 Face side (transformers' log-probs, entropy and gradients on the same weights: the numbers to match)."""
+
 import torch
 
 from distflow.algorithms.aggregation import masked_mean
@@ -36,19 +37,26 @@ def make_batch(vocab: int, seed: int = 0) -> dict:
     attention_mask = torch.zeros(ROWS, seq, dtype=torch.long)
     response_mask = torch.zeros(ROWS, seq, dtype=torch.float32)
     for i, (p, r) in enumerate(zip(PROMPT_LENGTHS, RESPONSE_LENGTHS)):
-        input_ids[i, :p + r] = torch.randint(1, vocab, (p + r,), generator=gen)
-        attention_mask[i, :p + r] = 1
-        response_mask[i, p:p + r] = 1.0
+        input_ids[i, : p + r] = torch.randint(1, vocab, (p + r,), generator=gen)
+        attention_mask[i, : p + r] = 1
+        response_mask[i, p : p + r] = 1.0
     advantages = torch.randn(ROWS, 1, generator=gen).expand(ROWS, seq) * response_mask
     returns = torch.randn(ROWS, seq, generator=gen) * response_mask
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
-            "advantages": advantages.contiguous(), "returns": returns}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "response_mask": response_mask,
+        "advantages": advantages.contiguous(),
+        "returns": returns,
+    }
 
 
 def hf_logprobs_entropy(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Aligned with the token: out[:, t] from the logits at t - 1; 0 at position 0 and on padding."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-    logprobs = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    logprobs = (
+        torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    )
     entropy = entropy_from_logits(logits[:, :-1])
     mask = batch["attention_mask"][:, 1:].to(logprobs.dtype)
     zero = torch.zeros(logprobs.shape[0], 1)

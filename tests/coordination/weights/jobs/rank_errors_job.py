@@ -1,6 +1,7 @@
 """2-rank gloo job for RankErrors (test_weight_rank_errors.py): each case runs the same phases on both
 ranks, some of which fail on some ranks, and prints one `RANK-ERRORS {json}` line per rank and case: what it
 gathered or raised, which phases ran, how many all_gather_object calls it made, and what on_failure saw."""
+
 import datetime
 import json
 

@@ -18,6 +18,7 @@ After fault/corrupt a good sync follows. For each case rank 0 appends one JSON l
   sync; plus what the extras measured.
 With ENGINE_TP 1 the engine is one rank's (rank 0); with 2 it spans both ranks.
 """
+
 import json
 import os
 import signal
@@ -44,8 +45,9 @@ def main():
     rank = dist.get_rank()
     engine = None
     if rank == 0:
-        engine = start_engine(model_dir, tp=engine_tp, seed=0, extra_args=engine_side.engine_args(),
-                              startup_timeout_s=600)
+        engine = start_engine(
+            model_dir, tp=engine_tp, seed=0, extra_args=engine_side.engine_args(), startup_timeout_s=600
+        )
     dist.barrier()
     for case in cases:
         result = run_case(case, model_dir, out_dir, engine, engine_tp)
@@ -56,6 +58,7 @@ def main():
             print("RESULT " + line, flush=True)
     if engine is not None:
         from distflow.workers.rollout import shutdown_engine
+
         shutdown_engine(engine)
     dist.barrier()
     print(f"RANK-DONE {rank}", flush=True)
@@ -91,9 +94,9 @@ def batch_of(sequences, prompt_lens):
     attention = torch.zeros_like(ids)
     response = torch.zeros_like(ids)
     for i, (seq, p) in enumerate(zip(sequences, prompt_lens)):
-        ids[i, :len(seq)] = torch.tensor(seq)
-        attention[i, :len(seq)] = 1
-        response[i, p:len(seq)] = 1
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attention[i, : len(seq)] = 1
+        response[i, p : len(seq)] = 1
     return {"input_ids": ids, "attention_mask": attention, "response_mask": response}
 
 
@@ -128,8 +131,14 @@ def local_digest(tensors):
 
 def run_case(case, model_dir, out_dir, engine, engine_tp):
     from distflow.config.schema import SyncConfig
-    from distflow.coordination.weights import (StaleEngineError, WeightResharder, WeightSyncError, engine_side,
-                                               megatron_tensors, plan_weight_sync)
+    from distflow.coordination.weights import (
+        StaleEngineError,
+        WeightResharder,
+        WeightSyncError,
+        engine_side,
+        megatron_tensors,
+        plan_weight_sync,
+    )
     from distflow.workers.megatron.hf_io import save_hf_checkpoint
     from distflow.workers.rollout import state_of, update_weights_from_disk
 
@@ -145,20 +154,32 @@ def run_case(case, model_dir, out_dir, engine, engine_tp):
     # Train one step on the engine's own greedy continuations, so the weights differ from the checkpoint's.
     nogen = "nogen" in extras
     before_training = greedy(engine)[1] if rank == 0 and not nogen else None
-    sequences = ([p + FIXED_TOKENS for p in PROMPTS] if nogen else
-                 broadcast([p + s[0] for p, s in zip(PROMPTS, before_training)] if rank == 0 else None))
+    sequences = (
+        [p + FIXED_TOKENS for p in PROMPTS]
+        if nogen
+        else broadcast([p + s[0] for p, s in zip(PROMPTS, before_training)] if rank == 0 else None)
+    )
     batch = batch_of(sequences, [len(p) for p in PROMPTS])
     worker.train_step(batch, likelihood_loss)
     local = megatron_tensors(worker.chunks, worker.config)
 
-    plan = plan_weight_sync(worker.spec, worker.checkpoint.config, worker.layout, placement,
-                            bucket_bytes=SMALL_BUCKET, element_size=4, padded_vocab=worker.chunks[0].vocab_size,
-                            engine_device="cpu")
+    plan = plan_weight_sync(
+        worker.spec,
+        worker.checkpoint.config,
+        worker.layout,
+        placement,
+        bucket_bytes=SMALL_BUCKET,
+        element_size=4,
+        padded_vocab=worker.chunks[0].vocab_size,
+        engine_device="cpu",
+    )
     load_format = engine_side.LOAD_COUNTED if "counted" in extras else "direct"
     resharder = WeightResharder(plan, local, engine=engine, verify=True, load_format=load_format)
     before_params = param_checksums(resharder.probe_engine(checksums=True)) if rank == 0 and nogen else None
 
-    if "fault" in extras:  # rank 1 fails in bucket 2: every rank raises, the engine is stale, Megatron untouched
+    if (
+        "fault" in extras
+    ):  # rank 1 fails in bucket 2: every rank raises, the engine is stale, Megatron untouched
         before = local_digest(local)
 
         def fail(b):
@@ -175,6 +196,7 @@ def run_case(case, model_dir, out_dir, engine, engine_tp):
         result["megatron_intact"] = all(dist_all(local_digest(local) == before))
         if rank == 0:
             from distflow.workers.rollout import generate
+
             try:  # the engine is alive but half-updated: generate itself must refuse it
                 generate(engine, PROMPTS, temperature=0.0, max_new_tokens=NEW_TOKENS)
                 result["stale_refused"] = None
@@ -182,6 +204,7 @@ def run_case(case, model_dir, out_dir, engine, engine_tp):
                 result["stale_refused"] = str(exc)
 
     if "corrupt" in extras:  # an engine parameter changes behind the sync's back: verify names it
+
         def corrupt(b):
             if b == len(plan.buckets) - 1 and rank == 0:
                 name = "model.layers.0.mlp.down_proj.weight"
@@ -200,14 +223,27 @@ def run_case(case, model_dir, out_dir, engine, engine_tp):
         return run_kill(resharder, engine, local, result)
 
     stats = resharder.sync()
-    result["sync"] = dict(version=stats.version, seconds=stats.seconds, total_bytes=stats.total_bytes,
-                          busiest_sender_bytes=stats.busiest_sender_bytes, buckets=stats.buckets,
-                          receiver_bytes={f"{e}/{r}": b for (e, r), b in stats.receiver_bytes.items()},
-                          metrics=stats.metrics(), sender_bytes=plan.sender_bytes(), mode=plan.mode,
-                          hf_receiver_bytes=plan_weight_sync(  # what the HF-named fallback would stage, for reports
-                              worker.spec, worker.checkpoint.config, worker.layout, placement,
-                              bucket_bytes=SMALL_BUCKET, element_size=4, padded_vocab=worker.chunks[0].vocab_size,
-                              mode="hf").receiver_bytes(0, 0))
+    result["sync"] = dict(
+        version=stats.version,
+        seconds=stats.seconds,
+        total_bytes=stats.total_bytes,
+        busiest_sender_bytes=stats.busiest_sender_bytes,
+        buckets=stats.buckets,
+        receiver_bytes={f"{e}/{r}": b for (e, r), b in stats.receiver_bytes.items()},
+        metrics=stats.metrics(),
+        sender_bytes=plan.sender_bytes(),
+        mode=plan.mode,
+        hf_receiver_bytes=plan_weight_sync(  # what the HF-named fallback would stage, for reports
+            worker.spec,
+            worker.checkpoint.config,
+            worker.layout,
+            placement,
+            bucket_bytes=SMALL_BUCKET,
+            element_size=4,
+            padded_vocab=worker.chunks[0].vocab_size,
+            mode="hf",
+        ).receiver_bytes(0, 0),
+    )
     if rank == 0:
         synced_params = param_checksums(resharder.last_engine_reports)
         if nogen:
@@ -218,16 +254,24 @@ def run_case(case, model_dir, out_dir, engine, engine_tp):
             result["changed_by_training"] = synced != before_training
         if "counted" in extras:
             reports = resharder.last_engine_reports
-            result["counted"] = [dict(received=rep["received_bytes"], tensors=rep["received_tensors"],
-                                      params=sum(_numel(p["shape"]) * 4 for p in rep["params"].values()),
-                                      errors=rep["errors"]) for rep in reports]
+            result["counted"] = [
+                dict(
+                    received=rep["received_bytes"],
+                    tensors=rep["received_tensors"],
+                    params=sum(_numel(p["shape"]) * 4 for p in rep["params"].values()),
+                    errors=rep["errors"],
+                )
+                for rep in reports
+            ]
     if not nogen:
         tokens = broadcast([s[0] for s in synced] if rank == 0 else None)
-        megatron_lp, _ = worker.compute_logprobs(batch_of([p + t for p, t in zip(PROMPTS, tokens)],
-                                                          [len(p) for p in PROMPTS]))
+        megatron_lp, _ = worker.compute_logprobs(
+            batch_of([p + t for p, t in zip(PROMPTS, tokens)], [len(p) for p in PROMPTS])
+        )
     if "hf" in extras:  # the fallback through HF names and SGLang's own loader, same weights
-        fallback = WeightResharder.for_megatron_worker(worker, placement, SyncConfig(bucket_mb=1, verify=True),
-                                                       engine=engine, mode="hf")
+        fallback = WeightResharder.for_megatron_worker(
+            worker, placement, SyncConfig(bucket_mb=1, verify=True), engine=engine, mode="hf"
+        )
         fallback.sync()
         if rank == 0:
             result["hf_params_equal"] = param_checksums(fallback.last_engine_reports) == synced_params
@@ -240,8 +284,11 @@ def run_case(case, model_dir, out_dir, engine, engine_tp):
         update_weights_from_disk(engine, path)
         result["disk_params_equal"] = param_checksums(resharder.probe_engine(checksums=True)) == synced_params
         if not nogen:
-            diffs = [abs(lp - megatron_lp[i, len(p) + j].item())
-                     for i, (p, (_, lps)) in enumerate(zip(PROMPTS, synced)) for j, lp in enumerate(lps)]
+            diffs = [
+                abs(lp - megatron_lp[i, len(p) + j].item())
+                for i, (p, (_, lps)) in enumerate(zip(PROMPTS, synced))
+                for j, lp in enumerate(lps)
+            ]
             result["engine_vs_megatron"] = sum(diffs) / len(diffs)
             result["disk_equal"] = greedy(engine)[1] == synced
             result["greedy"] = synced

@@ -4,6 +4,7 @@
 Writes {"ref_logprobs", "ref_offload_logprobs", "ref_offload_active", "weights" {variant: HF state after one
 step}, "decoupled" {variant: Megatron's optimizer config value}, "errors" {case: error message}}.
 """
+
 import argparse
 import os
 import sys
@@ -55,8 +56,9 @@ def main() -> None:
 
     out["errors"]["actor_offload"] = error_of(lambda: make_worker("actor", model_dir, LAYOUT, offload=True))
     out["errors"]["critic_offload"] = error_of(lambda: make_worker("critic", model_dir, LAYOUT, offload=True))
-    out["errors"]["optimizer_cpu_offload"] = error_of(lambda: make_worker(
-        "actor", model_dir, LAYOUT, optim=dict(megatron={"optimizer_cpu_offload": True})))
+    out["errors"]["optimizer_cpu_offload"] = error_of(
+        lambda: make_worker("actor", model_dir, LAYOUT, optim=dict(megatron={"optimizer_cpu_offload": True}))
+    )
     torch.save(out, args.out)
 
 

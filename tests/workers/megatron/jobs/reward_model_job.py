@@ -5,6 +5,7 @@ tests/workers/megatron/test_reward_model.py:
 
 Every rank scores the whole batch (one data-parallel replica); global rank 0 saves the scores.
 """
+
 import argparse
 
 import torch
@@ -29,8 +30,13 @@ def main():
     layout = ParallelLayout.for_world(world, tp=args.tp, pp=args.pp)
     distributed.initialize_megatron_groups(layout, Placement.create("colocated", world, 1), timeout_s=300)
     distributed.seed_everything(1)  # Megatron's model-parallel RNG tracker must exist before a forward
-    worker = MegatronWorker("reward", RefConfig(tp=args.tp, pp=args.pp, max_tokens_per_micro_batch=48),
-                            ModelConfig(path=args.model, dtype="float32"), layout, "cpu")
+    worker = MegatronWorker(
+        "reward",
+        RefConfig(tp=args.tp, pp=args.pp, max_tokens_per_micro_batch=48),
+        ModelConfig(path=args.model, dtype="float32"),
+        layout,
+        "cpu",
+    )
     scores = worker.compute_scores(torch.load(args.batch))
     if dist.get_rank() == 0:
         torch.save(scores, args.out)

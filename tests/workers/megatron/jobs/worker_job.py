@@ -14,6 +14,7 @@ world is re-divided into that layout (Megatron's groups are rebuilt). Kinds:
            and the learning rates.
 Rank 0 writes DIR/<case index>.pt. Each data-parallel rank gets a contiguous share of the rows.
 """
+
 import argparse
 import os
 import sys
@@ -25,7 +26,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from worker_reference import mse_loss, pg_loss  # noqa: E402  (shared with the test, which checks HF's side)
 
 DYNAMIC_VARIANTS = [  # (use_dynamic_batch, micro_batch_size, max_tokens_per_micro_batch)
-    (False, 1, 0), (False, 3, 0), (True, 0, 24), (True, 0, 64), (True, 0, 100000)]
+    (False, 1, 0),
+    (False, 3, 0),
+    (True, 0, 24),
+    (True, 0, 64),
+    (True, 0, 100000),
+]
 # Adam's first steps move a weight by ~lr * g / (|g| + eps): where |g| is ~1e-9 (a few of thousands), float
 # noise of the summation order flips the update. A larger eps makes such updates linear in g.
 DYNAMIC_ADAM_EPS = 1e-5
@@ -47,21 +53,36 @@ def make_worker(role, model_dir, layout, optim=None, **role_fields):
     from distflow.workers.megatron.worker import MegatronWorker
 
     world = dist.get_world_size()
-    par = ParallelLayout.for_world(world, tp=layout["tp"], pp=layout["pp"], vpp=layout["vpp"], ep=layout["ep"])
+    par = ParallelLayout.for_world(
+        world, tp=layout["tp"], pp=layout["pp"], vpp=layout["vpp"], ep=layout["ep"]
+    )
     assert par.dp == layout.get("dp", par.dp), f"{layout}: the world gives dp={par.dp}"
     distributed.initialize_megatron_groups(par, Placement.create("colocated", world, 1), timeout_s=300)
     distributed.seed_everything(1)
-    optim = OptimizerConfig(**{**dict(lr=1e-3, weight_decay=0.0, clip_grad=1.0, use_distributed_optimizer=False),
-                               **(optim or {})})
+    optim = OptimizerConfig(
+        **{**dict(lr=1e-3, weight_decay=0.0, clip_grad=1.0, use_distributed_optimizer=False), **(optim or {})}
+    )
     cls = CriticConfig if role == "critic" else ActorConfig
-    fields = dict(tp=layout["tp"], pp=layout["pp"], vpp=layout["vpp"], ep=layout["ep"],
-                  sequence_parallel=bool(layout["sp"]),
-                  optim=optim, max_tokens_per_micro_batch=64)
+    fields = dict(
+        tp=layout["tp"],
+        pp=layout["pp"],
+        vpp=layout["vpp"],
+        ep=layout["ep"],
+        sequence_parallel=bool(layout["sp"]),
+        optim=optim,
+        max_tokens_per_micro_batch=64,
+    )
     if layout["rc"]:  # full activation recomputation of every layer
         fields.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     fields.update(role_fields)
-    return MegatronWorker(role, cls(**fields), ModelConfig(path=model_dir, dtype="float32"), par, "cpu",
-                          total_optimizer_steps=10), par
+    return MegatronWorker(
+        role,
+        cls(**fields),
+        ModelConfig(path=model_dir, dtype="float32"),
+        par,
+        "cpu",
+        total_optimizer_steps=10,
+    ), par
 
 
 def dp_share(batch: dict, par) -> tuple[dict, range]:
@@ -70,7 +91,7 @@ def dp_share(batch: dict, par) -> tuple[dict, range]:
     rows = batch["input_ids"].shape[0]
     per = rows // par.dp
     share = range(ps.get_data_parallel_rank() * per, (ps.get_data_parallel_rank() + 1) * per)
-    return {k: v[share.start:share.stop] for k, v in batch.items()}, share
+    return {k: v[share.start : share.stop] for k, v in batch.items()}, share
 
 
 def gather_rows(tensors: dict, share: range, rows: int) -> dict | None:
@@ -82,7 +103,7 @@ def gather_rows(tensors: dict, share: range, rows: int) -> dict | None:
     out = {k: torch.zeros(rows, *v.shape[1:], dtype=v.dtype) for k, v in tensors.items()}
     for rng, part in parts:
         for k, v in part.items():
-            out[k][rng.start:rng.stop] = v
+            out[k][rng.start : rng.stop] = v
     return out
 
 
@@ -100,14 +121,25 @@ def run_actor(model_dir, layout, batch):
 def run_dynamic(model_dir, layout, batch):
     results = []
     for use_dynamic, micro_batch_size, max_tokens in DYNAMIC_VARIANTS:
-        worker, par = make_worker("actor", model_dir, layout, optim=dict(adam_eps=DYNAMIC_ADAM_EPS),
-                                  use_dynamic_batch=use_dynamic,
-                                  micro_batch_size=micro_batch_size or 1, max_tokens_per_micro_batch=max_tokens,
-                                  mini_batch_size=batch["input_ids"].shape[0] // 2)
+        worker, par = make_worker(
+            "actor",
+            model_dir,
+            layout,
+            optim=dict(adam_eps=DYNAMIC_ADAM_EPS),
+            use_dynamic_batch=use_dynamic,
+            micro_batch_size=micro_batch_size or 1,
+            max_tokens_per_micro_batch=max_tokens,
+            mini_batch_size=batch["input_ids"].shape[0] // 2,
+        )
         mine, _ = dp_share(batch, par)
         metrics = worker.train_step(mine, pg_loss)
-        results.append({"variant": (use_dynamic, micro_batch_size, max_tokens), "metrics": metrics,
-                        "weights": worker.export_hf_state()})
+        results.append(
+            {
+                "variant": (use_dynamic, micro_batch_size, max_tokens),
+                "metrics": metrics,
+                "weights": worker.export_hf_state(),
+            }
+        )
     return results if dist.get_rank() == 0 else None
 
 
