@@ -14,7 +14,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distflow.checkpointing import CheckpointError, resolve_resume
 from distflow.config import ConfigError, DistFlowConfig
+from distflow.dag.graph import PipelineError
+from distflow.dag.loading import RUNNABLE, SMOKE, load_pipeline
+from distflow.dag.roles import ranks_of_role
+from distflow.data.prompts import DataError, PromptDataset
+from distflow.rewards.registry import (
+    BUILTIN_SCORERS,
+    EXPECTED_SIGNATURE,
+    ScorerError,
+    load_scorer,
+    scorer_path,
+)
 
 
 @dataclass
@@ -49,8 +61,6 @@ def check_pipeline(cfg: DistFlowConfig, cluster=None) -> None:
     """dag.pipeline exists and builds for this config: a built-in pipeline's own check (distflow.dag.builtin,
     run by load_pipeline) and the graph against the job's roles, here before any worker starts; the checks of
     algorithm.* that hold for any pipeline ran in config validation."""
-    from distflow.dag.loading import RUNNABLE, SMOKE
-
     name = cfg.dag.pipeline
     if name not in RUNNABLE and ":" not in name:
         close = difflib.get_close_matches(name, RUNNABLE, n=1)
@@ -62,8 +72,6 @@ def check_pipeline(cfg: DistFlowConfig, cluster=None) -> None:
         )
     if name == SMOKE:
         return
-    from distflow.dag.graph import PipelineError
-    from distflow.dag.loading import load_pipeline
 
     pipeline = load_pipeline(
         cfg
@@ -74,8 +82,6 @@ def check_pipeline(cfg: DistFlowConfig, cluster=None) -> None:
         )
     roles = None
     if cluster is not None:
-        from distflow.dag.roles import ranks_of_role
-
         roles = [role for role, ranks in ranks_of_role(cluster).items() if ranks]
     try:
         pipeline.validate(roles_with_ranks=roles)
@@ -119,8 +125,6 @@ def _existing_dir(key: str, path: str) -> None:
 
 def check_reward(cfg: DistFlowConfig) -> None:
     """reward.name is a known scorer (or auto) and reward.custom imports and meets the scorer contract."""
-    from distflow.rewards.registry import BUILTIN_SCORERS, EXPECTED_SIGNATURE, ScorerError, load_scorer
-
     r = cfg.reward
     if r.custom:
         try:
@@ -142,8 +146,6 @@ def check_reward(cfg: DistFlowConfig) -> None:
 
 def check_resume(cfg: DistFlowConfig) -> None:
     """checkpoint.resume names a checkpoint (or auto/never with a usable output folder)."""
-    from distflow.checkpointing import CheckpointError, resolve_resume
-
     try:
         resolve_resume(cfg.checkpoint.resume, cfg.trainer.output_dir)
     except CheckpointError as err:
@@ -154,8 +156,6 @@ def check_data(cfg: DistFlowConfig) -> dict:
     """Loads the train (and val) split as the trainer will, with the tokenizer: the files exist and follow
     the schema, at least one prompt fits data.max_prompt_length, and reward.name=auto has a scorer for every
     data_source. Returns {split: prompts kept}."""
-    from distflow.data.prompts import DataError, PromptDataset
-
     d = cfg.data
     if not d.train_files:
         raise ConfigError(
@@ -193,7 +193,7 @@ class _LazyTokenizer:
 
     def _load(self):
         if self._tokenizer is None:
-            from transformers import AutoTokenizer  # the tokenizer only; no model code is imported
+            from transformers import AutoTokenizer  # noqa: PLC0415 - the tokenizer only; no model code is imported
 
             m = self._cfg.model
             path, key = (
@@ -213,8 +213,6 @@ class _LazyTokenizer:
 
 
 def _check_data_sources(cfg: DistFlowConfig, split: str, dataset) -> None:
-    from distflow.rewards.registry import ScorerError, scorer_path
-
     for source in sorted({p.data_source for p in dataset}):
         try:
             scorer_path(cfg.reward.name, cfg.reward.custom, source)

@@ -17,6 +17,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from distflow.algorithms.aggregation import masked_mean
+from distflow.workers.megatron import hf_io
+from distflow.workers.megatron.worker import MegatronWorker
+from distflow.workers.rollout import sglang_engine
+
 COPY_DIGITS = 4
 
 
@@ -48,8 +53,6 @@ def _worker_batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict:
 
 def answer_nll(logprobs, entropy, micro_batch):
     """Supervised loss for MegatronWorker.train_step: token-mean negative log-likelihood of the answers."""
-    from distflow.algorithms.aggregation import masked_mean
-
     return -masked_mean(logprobs, micro_batch["response_mask"]), {}
 
 
@@ -71,10 +74,7 @@ def _data_parallel_rows(batch: dict) -> dict:
 
 
 def run(ctx) -> None:
-    from transformers import AutoTokenizer
-
-    from distflow.workers.megatron import hf_io
-    from distflow.workers.megatron.worker import MegatronWorker
+    from transformers import AutoTokenizer  # noqa: PLC0415 - transformers is heavy: imported once the smoke run starts
 
     cfg, layout = ctx.cfg, ctx.cluster.actor
     out_dir = Path(cfg.trainer.output_dir)
@@ -145,8 +145,6 @@ def _generate_on_rank0(ctx, export_dir: Path, tokenizer) -> list[dict]:
     cfg = ctx.cfg
     payload = [None]
     if ctx.rank == 0:
-        from distflow.workers.rollout import sglang_engine
-
         t = time.perf_counter()
         engine = sglang_engine.start_engine(
             export_dir,

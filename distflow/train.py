@@ -97,9 +97,9 @@ def program(pipeline: str):
     trainer over the pipeline's DAG (a built-in name or 'module:function', see distflow.dag.loading).
     Imported here, after prepare(): both import Megatron-Core, which must come after silence_library_noise."""
     if pipeline == "smoke":
-        from distflow.smoke_run import run
+        from distflow.smoke_run import run  # noqa: PLC0415 - after prepare(): the program imports Megatron-Core, which must follow silence_library_noise
     else:
-        from distflow.trainer import run
+        from distflow.trainer import run  # noqa: PLC0415 - after prepare(): the program imports Megatron-Core, which must follow silence_library_noise
     return run
 
 

@@ -15,8 +15,10 @@ from distflow.data.prompts import PromptDataset
 from distflow.nodes.context import Workers
 from distflow.nodes.reward_model_setup import build_reward_model
 from distflow.nodes.sync import WeightSync
+from distflow.plan.model_size import ModelArch  # entry-level tool code: only on GPUs
 from distflow.rewards.pool import RewardPool
 from distflow.run_context import RunContext
+from distflow.tracking.perf import ActorMFU, peak_flops
 from distflow.workers.megatron.worker import MegatronWorker
 from distflow.workers.rollout.worker import RolloutWorker
 
@@ -80,9 +82,6 @@ def load_prompts(cfg, tokenizer, rollout: RolloutWorker):
 
 def actor_mfu(cfg, placement):
     """perf/mfu/actor's calculator on a GPU whose peak is known, else None (the metric is then absent)."""
-    from distflow.plan.model_size import ModelArch  # entry-level tool code: only on GPUs
-    from distflow.tracking.perf import ActorMFU, peak_flops
-
     if not torch.cuda.is_available():
         return None
     peak = peak_flops(torch.cuda.get_device_name())

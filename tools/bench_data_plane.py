@@ -27,6 +27,7 @@ import torch.distributed as dist
 from distflow.coordination.data import DataCoordinator, DataEdge, FieldPlacement, PackedBatch, PlacedLayout
 from distflow.coordination.data.balance import balanced_partition, imbalance
 from distflow.layout import ParallelLayout, Placement
+from distflow.testing.launch import torchrun
 
 MiB = 2**20
 FIELDS = FieldPlacement.standard("input_ids", rollout_logprobs="all")
@@ -45,8 +46,6 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=900, help="seconds for the whole job")
     args = parser.parse_args(argv)
     if "RANK" not in os.environ:
-        from distflow.testing.launch import torchrun
-
         if args.ranks % 2:
             parser.error("--ranks must be even (the training layout is DP=N/2 x TP=2)")
         rest = [a for a in (argv if argv is not None else sys.argv[1:])]

@@ -26,6 +26,20 @@ import time
 import torch
 import torch.distributed as dist
 
+from distflow import distributed
+from distflow.coordination.weights import WeightResharder, engine_side, plan_weight_sync
+from distflow.layout import ParallelLayout, Placement
+from distflow.models.conversion import (
+    HFCheckpoint,
+    hf_to_megatron_shard,
+    megatron_full_to_hf,
+    megatron_shards_to_full,
+)
+from distflow.models.registry import spec_for
+from distflow.models.tiny import make_tiny_model
+from distflow.testing.launch import torchrun
+from distflow.workers.rollout import shutdown_engine, start_engine, update_weights_from_tensors
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -55,9 +69,6 @@ def main(argv=None):
     if world % args.engine_tp:
         parser.error(f"--engine-tp {args.engine_tp} must divide the tp*pp = {world} ranks")
     if "RANK" not in os.environ:
-        from distflow.models.tiny import make_tiny_model
-        from distflow.testing.launch import torchrun
-
         with tempfile.TemporaryDirectory(prefix="bench-weight-sync-") as tmp:
             model = make_tiny_model(
                 args.family,
@@ -77,19 +88,11 @@ def main(argv=None):
 
 
 def worker(args):
-    from distflow import distributed
-    from distflow.coordination.weights import WeightResharder, engine_side, plan_weight_sync
-    from distflow.layout import ParallelLayout, Placement
-    from distflow.models.conversion import HFCheckpoint
-    from distflow.models.registry import spec_for
-
     distributed.init_process_group("cpu", timeout_s=int(args.timeout))
     torch.set_num_threads(1)
     rank, world = dist.get_rank(), dist.get_world_size()
     engine = None
     if rank == 0:
-        from distflow.workers.rollout import start_engine
-
         engine = start_engine(
             args.model_dir,
             tp=args.engine_tp,
@@ -143,7 +146,6 @@ def worker(args):
             f"resharder / memcpy = {resharder / bound:.2f}x",
             flush=True,
         )
-        from distflow.workers.rollout import shutdown_engine
 
         shutdown_engine(engine)
     dist.barrier()
@@ -152,8 +154,6 @@ def worker(args):
 
 def local_shards(spec, checkpoint, train, rank) -> dict[str, torch.Tensor]:
     """This rank's Megatron shards under global names (what megatron_tensors gives for a trained model)."""
-    from distflow.models.conversion import hf_to_megatron_shard
-
     c = train.coords(rank)
     layers = checkpoint.config["num_hidden_layers"] // train.pp
     offset = c.pp * layers
@@ -180,9 +180,6 @@ def local_shards(spec, checkpoint, train, rank) -> dict[str, torch.Tensor]:
 def gather_broadcast(spec, cfg, train, local, engine) -> None:
     """The baseline: rank 0 gathers every shard (one flat tensor per rank over gloo), rebuilds the full HF
     tensors and gives them to the engine; SGLang sends every engine rank the full model, which shards it."""
-    from distflow.models.conversion import megatron_full_to_hf, megatron_shards_to_full
-    from distflow.workers.rollout import update_weights_from_tensors
-
     names = sorted(local)
     flat = torch.cat([local[n].reshape(-1) for n in names])
     sizes = [None] * dist.get_world_size()

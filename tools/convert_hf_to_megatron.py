@@ -15,7 +15,11 @@ import signal
 import subprocess
 import sys
 
-from distflow.models.checkpoint_import import CheckpointLayout
+import torch.distributed as dist
+
+from distflow.models.checkpoint_import import CheckpointLayout, convert_rank
+from distflow.models.conversion import HFCheckpoint
+from distflow.models.hf_validation import InvalidHFCheckpoint, check_hf_checkpoint
 
 
 def parse_args(argv=None):
@@ -35,9 +39,6 @@ def parse_args(argv=None):
 
 def check_input(args) -> CheckpointLayout:
     """Validates the HF directory and the layout in this process, before any rank starts."""
-    from distflow.models.conversion import HFCheckpoint
-    from distflow.models.hf_validation import check_hf_checkpoint
-
     layout = CheckpointLayout(tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp, vpp=args.vpp)
     if os.path.isdir(args.out) and os.listdir(args.out):
         raise ValueError(f"--out {args.out} is not empty; a dist checkpoint needs a fresh directory")
@@ -49,10 +50,7 @@ def check_input(args) -> CheckpointLayout:
 
 def run_rank(args, layout: CheckpointLayout) -> None:
     """One rank's work, under torchrun (or alone for a 1-process layout)."""
-    import torch.distributed as dist
-
-    import megatron_patches
-    from distflow.models.checkpoint_import import convert_rank
+    import megatron_patches  # noqa: PLC0415 - patches Megatron-Core (heavy): only in the conversion ranks
 
     if "RANK" in os.environ:
         dist.init_process_group("gloo")
@@ -64,8 +62,6 @@ def run_rank(args, layout: CheckpointLayout) -> None:
 
 
 def main(argv=None) -> None:
-    from distflow.models.hf_validation import InvalidHFCheckpoint
-
     args = parse_args(argv)
     try:
         layout = check_input(args)

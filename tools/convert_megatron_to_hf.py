@@ -22,7 +22,10 @@ with, an unsupported architecture) stops the tool with exit code 2 and the key, 
 import argparse
 import sys
 
+from distflow.checkpointing.errors import CheckpointError
+from distflow.checkpointing.model_folder import resolve_model_folder
 from distflow.config.dtypes import DTYPE_NAMES  # torch-free: --help stays instant
+from distflow.models.checkpoint_export import InvalidMegatronCheckpoint, export_to_hf, verify_export
 
 
 def parse_size(text: str) -> int:
@@ -66,10 +69,6 @@ def main(argv=None) -> None:
     parser.add_argument("--verify", action="store_true", help="compare the written files with the checkpoint")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-
-    from distflow.checkpointing.errors import CheckpointError
-    from distflow.checkpointing.model_folder import resolve_model_folder
-    from distflow.models.checkpoint_export import InvalidMegatronCheckpoint, export_to_hf, verify_export
 
     try:
         folder = resolve_model_folder(args.megatron, args.role)

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         cfg = resolve(path, overrides)
         if not ns.config_only:
             # Imported here: the pre-flight sits above the config layer (it reads data, scorers, pipelines).
-            from distflow.preflight import preflight
+            from distflow.preflight import preflight  # noqa: PLC0415 - see above
 
             print(f"# {preflight(cfg).describe()}", file=sys.stderr)
     except ConfigError as err:

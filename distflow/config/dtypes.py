@@ -13,7 +13,7 @@ DTYPE_NAMES: tuple[str, ...] = typing.get_args(DtypeName)
 
 def torch_dtype(name: str, what: str = "dtype"):
     """The torch dtype named `name` (one of DTYPE_NAMES); ValueError naming `what` otherwise."""
-    import torch  # here, not at the top: the config loads without torch, so a bad config fails in a second
+    import torch  # noqa: PLC0415 - the config loads without torch, so a bad config fails in a second
 
     if name not in DTYPE_NAMES:
         raise ValueError(f"{what} {name!r} is not one of {sorted(DTYPE_NAMES)}")

@@ -13,6 +13,7 @@ from distflow.config.algorithm import ESTIMATORS, KL_IN_REWARD_ESTIMATORS
 from distflow.config.loader import ConfigError, unknown_key_message
 from distflow.config.ranges import check_ranges
 from distflow.config.schema import DistFlowConfig
+from distflow.cpu_support import cuda_available, sglang_cpu_launch
 
 # Pass-through keys that DistFlow derives from its own fields: setting them twice would disagree silently.
 _MEGATRON_OWNED = {
@@ -201,8 +202,6 @@ def megatron_optimizer_fields() -> frozenset | None:
 @functools.cache
 def sglang_fields() -> frozenset | None:
     """SGLang ServerArgs field names (None when sglang is not installed)."""
-    from distflow.cpu_support import cuda_available, sglang_cpu_launch
-
     # On CPU, SGLang must be imported under its CPU environment: it caches its platform check at first
     # use, and an engine started later in this process would otherwise take the GPU code paths.
     with contextlib.nullcontext() if cuda_available() else sglang_cpu_launch():

@@ -12,6 +12,9 @@ import sys
 import threading
 import traceback
 
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
 ERROR_KEY = "distflow/failure"
 EXIT_CODE = 17
 
@@ -24,9 +27,6 @@ class FailureSignal:
 
     @classmethod
     def from_default_group(cls, poll_s: float = 0.5) -> "FailureSignal":
-        import torch.distributed as dist
-        from torch.distributed import distributed_c10d
-
         return cls(distributed_c10d._get_default_store(), dist.get_rank(), poll_s)
 
     def start(self) -> "FailureSignal":

@@ -107,7 +107,7 @@ def math_rows(records: list[dict], split: str, data_source: str = MATH_SOURCE) -
         problem = _field(r, ("problem", "question"), i)
         answer = r.get("answer")
         if answer is None:
-            from distflow.rewards.math_answer import last_boxed  # imports math-verify (~1 s): only here
+            from distflow.rewards.math_answer import last_boxed  # noqa: PLC0415 - imports math-verify (~1 s): only here
 
             answer = last_boxed(_field(r, ("solution",), i))
             if answer is None:

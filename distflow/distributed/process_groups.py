@@ -7,6 +7,7 @@ every group without talking to a coordinator first.
 
 import datetime
 import os
+import socket
 import warnings
 from dataclasses import dataclass
 
@@ -47,7 +48,7 @@ def init_process_group(device: str, timeout_s: int) -> RankEnv:
     """Initialises the default group (idempotent). On CPU also applies the Megatron-Core CPU patches."""
     env = RankEnv.from_environ()
     if device == "cpu":
-        import megatron_patches
+        import megatron_patches  # noqa: PLC0415 - patches Megatron-Core (heavy): only once process groups are made
 
         megatron_patches.apply()
     else:
@@ -112,8 +113,6 @@ def seed_everything(seed: int, trains: bool = True) -> None:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

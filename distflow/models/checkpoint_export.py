@@ -21,11 +21,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+from tqdm import tqdm
 
 from distflow.config.dtypes import torch_dtype
 from distflow.models import expert_layout, weight_mapping
@@ -269,8 +271,6 @@ class ShardedSafetensorsWriter:
         return names
 
     def _flush(self) -> None:
-        from safetensors.torch import save_file
-
         save_file(
             self._buffer, self.out_dir / f".part-{len(self._files)}.safetensors", metadata={"format": "pt"}
         )
@@ -362,8 +362,6 @@ def export_to_hf(
     to take the config and tokenizer from, for a checkpoint that records none (default: the recorded
     ones). Returns a summary (files, bytes, tensors). Runs in one process, without torch.distributed.
     """
-    from tqdm import tqdm
-
     source, assets = export_source(megatron_dir, hf_source)
     hf_config, spec = source["hf_config"], source_spec(megatron_dir, hf_config=source["hf_config"])
     target_dtype = torch_dtype(dtype or source["dtype"], "--dtype")
@@ -405,8 +403,6 @@ def export_to_hf(
 def verify_export(megatron_dir, hf_dir, progress: bool = True, hf_source=None) -> list[str]:
     """Re-reads the written safetensors part by part and compares them with the checkpoint (after the
     same dtype cast). Returns the differences (empty: every tensor equal, none missing or extra)."""
-    from tqdm import tqdm
-
     source, _ = export_source(megatron_dir, hf_source)
     hf_config, spec = source["hf_config"], source_spec(megatron_dir, hf_config=source["hf_config"])
     written = HFCheckpoint(hf_dir)

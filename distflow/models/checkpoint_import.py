@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from distflow.config.dtypes import torch_dtype
 from distflow.layout.model_shape import ModelShape
@@ -213,7 +214,6 @@ def sharded_state_dict(chunks: list) -> dict:
 
 def convert_rank(hf_dir, out_dir, layout: CheckpointLayout) -> None:
     """The work of one rank: called on every rank of the layout after torch.distributed is initialised."""
-    import torch.distributed as dist
     from megatron.core import dist_checkpointing
     from megatron.core import parallel_state as ps
 

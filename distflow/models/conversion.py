@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from distflow.models import expert_layout, tp_sharding, weight_mapping
+from distflow.models.registry import spec_for
 from distflow.models.spec import DenseFamilySpec, as_config_dict
 
 
@@ -135,8 +136,6 @@ class HFCheckpoint:
                 )
         self._file_of = file_of
         if self.expert_layout == expert_layout.FUSED:
-            from distflow.models.registry import spec_for
-
             self._sources = expert_layout.fused_sources(spec_for(self.config), self._stored_shapes)
         else:
             self._sources = {n: expert_layout.StoredSlice(n) for n in file_of}

@@ -8,6 +8,8 @@ differences (qkv bias, q/k norm, head_dim) are written down once.
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch.nn.functional as F
+
 from distflow.models.tp_sharding import padded_vocab_size
 
 
@@ -36,8 +38,6 @@ class DenseFamilySpec:
 
         Dropout follows the checkpoint (0 for all supported families); fusions keep Megatron's defaults.
         """
-        import torch.nn.functional as F
-
         cfg = as_config_dict(hf_config)
         self.check_supported(cfg)
         heads = cfg["num_attention_heads"]

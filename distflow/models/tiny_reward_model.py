@@ -13,7 +13,7 @@ HEAD_STD = 0.5  # large enough that scores of different sequences differ visibly
 
 
 def make_tiny_reward_model(family: str, out_dir, seed: int = 0, **sizes) -> Path:
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer  # noqa: PLC0415 - transformers' model classes are heavy: only when a model is made
 
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory() as tmp:

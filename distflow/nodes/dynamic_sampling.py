@@ -42,6 +42,7 @@ from distflow.coordination.data import PackedBatch
 from distflow.dag.controller import SkipStep
 from distflow.nodes.reward import score_samples
 from distflow.nodes.rollout import generate_samples
+from distflow.rewards.overlong import shape_overlong
 from distflow.workers.rollout.worker import ID_STRIDE
 
 _SUMMED_OVER_ROUNDS = (
@@ -200,8 +201,6 @@ def _collective_device(group) -> torch.device:
 
 def dynamic_sampling(ctx, inputs):
     """DAG node: {"samples", "rewards"} of the first round -> {"kept_samples", "kept_rewards"}."""
-    from distflow.rewards.overlong import shape_overlong
-
     cfg, a = ctx.cfg, ctx.cfg.algorithm  # overlong_buffer_len <= max_new_tokens: checked by config validation
     holds = inputs["samples"] is not None
     if holds and ctx.prompt_loader is None:

@@ -3,6 +3,8 @@
 import dataclasses
 
 from distflow.config import ConfigError
+from distflow.config.schema import MegatronRoleConfig, RefConfig
+from distflow.workers.megatron.worker import MegatronWorker
 
 
 def build_reward_model(cfg, layout, policy_tokenizer, device: str):
@@ -11,10 +13,7 @@ def build_reward_model(cfg, layout, policy_tokenizer, device: str):
     The reward model reads the policy's token ids as they are, so its tokenizer must be the policy's: a
     different vocabulary would need decoding and re-tokenizing every sample, which is not done here.
     """
-    from transformers import AutoTokenizer
-
-    from distflow.config.schema import MegatronRoleConfig, RefConfig
-    from distflow.workers.megatron.worker import MegatronWorker
+    from transformers import AutoTokenizer  # noqa: PLC0415 - transformers is heavy: only when a reward model is built
 
     path = cfg.reward.model_path
     if AutoTokenizer.from_pretrained(path).get_vocab() != policy_tokenizer.get_vocab():

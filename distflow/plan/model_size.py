@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Optional
 
 from distflow.layout.model_shape import ModelShape
+from distflow.models.moe import num_experts
+from distflow.models.registry import spec_for
+from distflow.models.tp_sharding import padded_vocab_size
 
 
 @dataclass(frozen=True)
@@ -42,9 +45,6 @@ class ModelArch:
     @classmethod
     def from_hf_config(cls, cfg: dict, source: str = "config.json") -> "ModelArch":
         """Reads a config.json dict; fails when no family spec handles its architecture."""
-        from distflow.models.moe import num_experts
-        from distflow.models.registry import spec_for
-
         try:
             spec = spec_for(cfg)
         except AssertionError as err:
@@ -185,8 +185,6 @@ class ShardParams:
 
 
 def padded_vocab(vocab_size: int, tp: int) -> int:
-    from distflow.models.tp_sharding import padded_vocab_size
-
     return padded_vocab_size(vocab_size, tp)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 from distflow.config.schema import DistFlowConfig
+from distflow.dag.loading import RUNNABLE as RUNNABLE_PIPELINES
 from distflow.dag.loading import load_pipeline
 from distflow.dag.roles import ranks_of_role
 from distflow.layout import ClusterLayout, ParallelLayout
@@ -159,8 +160,6 @@ def build_plan(
     attention: str = ATTENTION_TODAY,
 ) -> Plan:
     """Validates the layouts against the world size and the model (LayoutError), then estimates."""
-    from distflow.dag.loading import RUNNABLE as RUNNABLE_PIPELINES
-
     cluster = ClusterLayout.from_config(cfg, world_size, arch.shape())
     p = cluster.placement
     rank_roles = ranks_of_role(cluster)

@@ -11,12 +11,13 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
+from distflow.rewards.registry import load_scorer
+
 
 def main(fd: int) -> None:
     conn = Connection(fd)
     sys_path, preload = conn.recv()
     sys.path[:] = sys_path
-    from distflow.rewards.registry import load_scorer
 
     for path in preload:
         try:

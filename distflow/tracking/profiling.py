@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
 
 class StepProfiler:
@@ -31,7 +32,6 @@ class StepProfiler:
         if step not in self.steps:
             yield
             return
-        from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         handler = tensorboard_trace_handler(str(self.trace_dir), worker_name=f"rank{self.rank}_step{step}")

@@ -254,7 +254,7 @@ def _open_for_append(path: Path, resume_step: int | None):
 
 class _TensorBoard:
     def __init__(self, log_dir: Path, resume_step: int | None, config: dict | None = None):
-        from torch.utils.tensorboard import SummaryWriter  # imported only when the backend is on
+        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - imported only when the backend is on
 
         purge = None if resume_step is None else resume_step + 1
         self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge)

@@ -4,6 +4,7 @@ routed experts numbered as in the whole model, not within this rank's pipeline s
 import torch
 
 from distflow.models.tp_sharding import LOCAL_EXPERT
+from distflow.workers.megatron.hf_io import chunk_layers
 
 
 def megatron_tensors(chunks: list, config) -> dict[str, torch.Tensor]:
@@ -11,8 +12,6 @@ def megatron_tensors(chunks: list, config) -> dict[str, torch.Tensor]:
     routed experts numbered globally (mlp.experts.local_experts.<ep rank * experts per rank + local>)."""
     # Megatron-Core is heavy and needed only where a model is trained: imported when one is.
     from megatron.core import parallel_state as ps
-
-    from distflow.workers.megatron.hf_io import chunk_layers
 
     vp_stages = list(range(len(chunks))) if len(chunks) > 1 else [getattr(chunks[0], "vp_stage", None)]
     experts_per_rank = (

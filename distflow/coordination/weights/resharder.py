@@ -38,6 +38,8 @@ from distflow.coordination.weights.regions import narrow
 from distflow.coordination.weights.shared_memory_transport import SharedMemoryTransport
 from distflow.coordination.weights.staging import StagingBuffers, file_system_sharing
 from distflow.coordination.weights.verification import EngineVerifier
+from distflow.models.conversion import HFCheckpoint
+from distflow.models.registry import spec_for
 from distflow.workers.rollout import engine_health
 from distflow.workers.rollout.engine_state import state_of
 
@@ -181,9 +183,6 @@ class WeightResharder:
         """The resharder on a rank that hosts engines and trains nothing (disaggregated placement): the same
         plan as the training ranks' (Megatron's default vocabulary padding, as the worker builds it), no
         tensors of its own to send."""
-        from distflow.models.conversion import HFCheckpoint
-        from distflow.models.registry import spec_for
-
         config = HFCheckpoint(model_path).config
         plan = plan_weight_sync(
             spec_for(config),

@@ -117,7 +117,7 @@ def cpu_engine_pads(hf_config, engine_tp: int) -> str | None:
 
 def sglang_shard_targets(spec, hf_config, engine_tp: int, rank: int) -> list[TargetSpec]:
     """Every parameter of engine TP rank `rank` of `engine_tp`, in model order, for a SHARD_FAMILIES model."""
-    from distflow.coordination.weights import sglang_moe_layout  # here: it builds on this module's helpers
+    from distflow.coordination.weights import sglang_moe_layout  # noqa: PLC0415 - a cycle: it builds on this module's helpers
 
     assert spec.sglang_shards, (
         f"{spec.family}: no SGLang shard layout; use the HF-named fallback (hf_full_targets)"

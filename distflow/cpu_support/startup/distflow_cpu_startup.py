@@ -23,7 +23,7 @@ _LIBRARIES = []  # torch.library.Library objects must stay alive for their defin
 
 def define_torchvision_op_schemas() -> None:
     """Defines the torchvision op schemas that a CUDA torchvision build cannot register on a CPU torch."""
-    import torch
+    import torch  # noqa: PLC0415 - runs in every interpreter at start-up: torch only when the hook fires
 
     if torch.version.cuda is not None:
         return  # a CUDA torch loads torchvision's own library, which defines them

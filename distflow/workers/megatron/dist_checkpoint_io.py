@@ -12,6 +12,8 @@ the run starts a fresh optimizer, as from HF weights).
 import warnings
 from pathlib import Path
 
+import torch.distributed.checkpoint as dcp
+
 from distflow.checkpointing.model_folder import read_recorded_source, resolve_model_folder
 from distflow.checkpointing.trainer_state import MODEL_FIELDS
 from distflow.models.checkpoint_import import sharded_state_dict
@@ -28,7 +30,6 @@ def load_dist_checkpoint_weights(
     keep_fresh_head: the critic's value head stays as initialised when the checkpoint holds a language-model
     output layer (or none, tied embeddings) in its place; a critic checkpoint's head is loaded.
     """
-    import torch.distributed.checkpoint as dcp
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor

@@ -7,8 +7,12 @@ the whole model in rank 0's memory, which is right for tiny and small models (sm
 models are exported stage by stage by the conversion tool.
 """
 
+import shutil
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 
 from distflow.models.conversion import (
     HFCheckpoint,
@@ -159,11 +163,6 @@ def _hf_dtype(hf_config: dict) -> torch.dtype:
 
 def save_hf_checkpoint(hf_state: dict[str, torch.Tensor], source_dir, out_dir) -> None:
     """Writes model.safetensors next to copies of the source's config, generation config and tokenizer."""
-    import shutil
-    from pathlib import Path
-
-    from safetensors.torch import save_file
-
     source_dir, out_dir = Path(source_dir), Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     if tmp.exists():

@@ -22,8 +22,13 @@ import torch
 import torch.distributed as dist
 
 from distflow.config.dtypes import torch_dtype
+from distflow.config.validate import offload_error
 from distflow.distributed.training_world import in_training_world
+from distflow.models.conversion import HFCheckpoint
+from distflow.models.registry import spec_for
+from distflow.models.reward_model import RewardModelCheckpoint
 from distflow.workers.megatron import batching, builder, hf_io, steps
+from distflow.workers.megatron.dist_checkpoint_io import load_dist_checkpoint_weights
 from distflow.workers.megatron.offload import ParameterOffloader
 from distflow.workers.megatron.value_head import install_value_head
 from distflow.workers.megatron.vocab_parallel import logprobs_and_entropy, shift_to_token_positions
@@ -62,10 +67,6 @@ class MegatronWorker:
         samples_per_prompt: int = 1,
         seed: int = 1,
     ):
-        from distflow.models.conversion import HFCheckpoint
-        from distflow.models.registry import spec_for
-        from distflow.models.reward_model import RewardModelCheckpoint
-
         assert role in ROLES, f"role={role!r}: one of {ROLES}"
         _check_layout(role, role_cfg, layout, device)
         self.role, self.cfg, self.layout = role, role_cfg, layout
@@ -89,8 +90,6 @@ class MegatronWorker:
         self.loaded_from = None
         """The Megatron dist checkpoint folder the weights came from (role_cfg.load), or None: model.path's."""
         if getattr(role_cfg, "load", None):
-            from distflow.workers.megatron.dist_checkpoint_io import load_dist_checkpoint_weights
-
             self.loaded_from = load_dist_checkpoint_weights(
                 self.chunks,
                 role_cfg.load,
@@ -366,7 +365,6 @@ def _check_layout(role: str, role_cfg, layout, device: str) -> None:
             f"and a CP split of every batch, which the Megatron worker does not do {where}; set "
             f"{role}.cp=1"
         )
-    from distflow.config.validate import offload_error
 
     error = offload_error(role, role_cfg)
     if error:

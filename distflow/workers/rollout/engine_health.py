@@ -17,6 +17,8 @@ import threading
 import weakref
 from pathlib import Path
 
+import psutil
+
 from distflow.workers.rollout.engine_state import state_of
 
 logger = logging.getLogger(__name__)
@@ -71,8 +73,6 @@ class EngineMonitor:
             self._thread.join(timeout=5 * self.poll_s)
 
     def _dead_process(self) -> str | None:
-        import psutil
-
         for proc in self.processes:
             try:
                 alive = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
@@ -139,8 +139,6 @@ def _name(proc) -> str:
 
 def watch(engine, log_path, poll_s: float = 0.5) -> EngineMonitor:
     """Starts monitoring `engine`'s child processes (sglang_engine.start_engine calls this)."""
-    import psutil
-
     processes = []
     for pid in engine.get_all_child_pids():
         try:

@@ -26,6 +26,8 @@ import threading
 import types
 from pathlib import Path
 
+import psutil
+
 from distflow.cpu_support import apply_environ
 
 logger = logging.getLogger(__name__)
@@ -158,8 +160,6 @@ class StartupGuard:
     """
 
     def __init__(self, model_path: str, timeout_s: float):
-        import psutil
-
         self.model_path, self.timeout_s = model_path, timeout_s
         self.timed_out = False
         self._me = psutil.Process()
@@ -212,8 +212,6 @@ class StartupGuard:
 
 
 def _is_multiprocessing_helper(proc) -> bool:
-    import psutil
-
     try:
         return any("resource_tracker" in part or "forkserver" in part for part in proc.cmdline())
     except psutil.Error:
@@ -221,8 +219,6 @@ def _is_multiprocessing_helper(proc) -> bool:
 
 
 def kill(procs, timeout_s: float) -> None:
-    import psutil
-
     for proc in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()

@@ -22,6 +22,7 @@ position is counted instead from the request's decode steps since its last (re)p
 tokens it already had then (a retracted request is prefilled again with its output so far).
 """
 
+import torch
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 
 
@@ -29,8 +30,6 @@ class ReseedBeforeSampling(CustomLogitProcessor):
     """Re-seeds torch's default generator from the rows' `sampling_seed` custom params and positions."""
 
     def __call__(self, logits, custom_param_list=None):
-        import torch
-
         mixed = 1469598103934665603  # FNV-1a over the rows' (seed, position) pairs, in batch order
         for params in custom_param_list or []:
             position = sampled_position(params)

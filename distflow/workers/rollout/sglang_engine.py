@@ -28,6 +28,8 @@ import os
 import time
 from pathlib import Path
 
+import psutil
+
 from distflow.cpu_support import cuda_available, sglang_cpu_launch
 from distflow.workers.rollout import engine_health, engine_process
 from distflow.workers.rollout.engine_health import with_log_tail
@@ -255,7 +257,7 @@ async def generate_async(
 def sampling_depends_on_batch(engine) -> bool:
     """True where a seeded sample depends on the other requests in its batch (seeded_sampling's stand-in
     re-seeds once per batch): there, identical samples need identical batches."""
-    from distflow.workers.rollout import seeded_sampling  # imports SGLang: only once an engine runs
+    from distflow.workers.rollout import seeded_sampling  # noqa: PLC0415 - imports SGLang: only once an engine runs
 
     return seeded_sampling.processor_for(engine) is not None
 
@@ -280,7 +282,7 @@ def _prepare(
     state = state_of(engine)
     state.require_fresh()
     requests = [(first_prompt_index + i, j) for i in range(len(prompt_ids)) for j in range(n)]
-    from distflow.workers.rollout import seeded_sampling  # imports SGLang: only once an engine runs
+    from distflow.workers.rollout import seeded_sampling  # noqa: PLC0415 - imports SGLang: only once an engine runs
 
     processor = seeded_sampling.processor_for(engine) if seed is not None else None
     params = []
@@ -376,8 +378,6 @@ def resume_memory(engine, tags: list[str] | None = None) -> None:
 
 def shutdown_engine(engine, timeout_s: float = 30) -> None:
     """Stops this engine's processes, and only those."""
-    import psutil
-
     atexit.unregister(engine.shutdown)
     monitor = engine_health.monitor_of(engine)
     if monitor is not None:  # the kills below are no death to report

@@ -18,8 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.distributed import distributed_c10d
 
 from distflow.batch import PackedBatch
+from distflow.distributed import resolve_device
+from distflow.workers.rollout import chunked_generation, multi_node_engine, sglang_engine, work_stealing
+from distflow.workers.rollout.engine_state import state_of
 
 ID_STRIDE = 1_000_000  # sample id = engine * ID_STRIDE + local index: unique over the job without talking
 
@@ -39,8 +43,6 @@ class SampleInfo:
 
 
 def placement_device(cfg) -> str:
-    from distflow.distributed import resolve_device
-
     return resolve_device(cfg.trainer.device)
 
 
@@ -68,8 +70,6 @@ class RolloutWorker:
         self.node_engine = None  # a later node's share of a multi-node engine (its SGLang processes only)
         node_rank = placement.engine_node_rank(rank)
         if node_rank is not None:
-            from distflow.workers.rollout import multi_node_engine, sglang_engine
-
             args = engine_args(cfg.rollout.sglang, weight_loaders)
             if placement.engine_nnodes > 1:
                 args.update(
@@ -111,7 +111,6 @@ class RolloutWorker:
         per-engine generated tokens."""
         if not self.owner:
             return None
-        from distflow.workers.rollout import sglang_engine
 
         r = self.cfg.rollout
         n = n or (1 if greedy else r.n)
@@ -177,8 +176,6 @@ class RolloutWorker:
 
     def _generate_chunks(self, prompts, step: int, greedy: bool, sampling: dict) -> list:
         """This partition's samples (prompt-major, as sglang_engine.generate) through claimed chunks."""
-        from distflow.workers.rollout import chunked_generation, work_stealing
-
         r = self.cfg.rollout
         prompt_ids = [list(p.input_ids) for p in prompts]
         chunks = work_stealing.split_into_chunks(
@@ -188,7 +185,6 @@ class RolloutWorker:
             r.max_new_tokens,
             r.balance_chunk_prompts,
         )
-        from torch.distributed import distributed_c10d
 
         board = work_stealing.StoreBoard(
             distributed_c10d._get_default_store(),
@@ -212,8 +208,6 @@ class RolloutWorker:
 
     def load_weights(self, named_tensors) -> None:
         """Full HF-named tensors into the engine through SGLang's own loader (the fallback sync path)."""
-        from distflow.workers.rollout import sglang_engine
-
         if self.owner:
             self.make_resident(only=("weights",))
             sglang_engine.update_weights_from_tensors(
@@ -227,8 +221,6 @@ class RolloutWorker:
         staging buffers are gone. SGLang refuses to resume what it never released."""
         tags = self.released if only is None else self.released & set(only)
         if self.owner and tags:
-            from distflow.workers.rollout import sglang_engine
-
             sglang_engine.resume_memory(self.engine, sorted(tags))
             self.released -= tags
 
@@ -239,15 +231,11 @@ class RolloutWorker:
     def continue_versions_from(self, version: int) -> None:
         """On resume: count weight versions on from `version` (the next completed sync is version + 1), as
         the resumed run did, so samples carry the versions they had there."""
-        from distflow.workers.rollout.engine_state import state_of
-
         self.weight_version = version
         if self.engine is not None:
             state_of(self.engine).version = version
 
     def close(self) -> None:
-        from distflow.workers.rollout import sglang_engine
-
         for engine in (self.engine, self.node_engine):
             if engine is not None:
                 sglang_engine.shutdown_engine(engine)
