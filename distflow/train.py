@@ -23,14 +23,9 @@ import os
 import sys
 import time
 
-import torch.distributed as dist
-
-from distflow import distributed
 from distflow.config import ConfigError, resolve
-from distflow.distributed.library_noise import silence_library_noise
 from distflow.layout import ClusterLayout, LayoutError
 from distflow.layout.model_shape import ModelShape
-from distflow.preflight import check_model_paths, preflight
 from distflow.run_context import RunContext, progress
 
 # What a bad input raises before any process group exists: answered with one line and exit code 2.
@@ -52,6 +47,12 @@ def prepare(argv=None) -> RunContext:
     """Config, layout and pre-flight checks, then process groups. Raises one of EARLY_ERRORS before any group."""
     args = parse_args(argv)
     cfg = resolve(args.config, args.overrides)
+    # Imported once the config is valid, so a typo in it is answered in a fraction of a second: these
+    # import torch (seconds on a loaded node).
+    from distflow import distributed  # noqa: PLC0415
+    from distflow.distributed.library_noise import silence_library_noise  # noqa: PLC0415
+    from distflow.preflight import check_model_paths, preflight  # noqa: PLC0415
+
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     check_model_paths(cfg)  # before the layout reads model.path's config.json
     shape = ModelShape.from_hf_dir(cfg.model.path)
@@ -87,8 +88,9 @@ def main(argv=None) -> int:
     ctx.log(f"{ctx.world_size} rank(s) on {ctx.device}\n{ctx.cluster.describe()}")
     program(ctx.cfg.dag.pipeline)(ctx)
     ctx.log(f"done in {time.perf_counter() - start:.1f} s")
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    from distflow.distributed import destroy_process_group  # noqa: PLC0415 - imported by prepare() already
+
+    destroy_process_group()
     return 0
 
 

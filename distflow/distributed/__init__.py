@@ -6,8 +6,16 @@ from distflow.distributed.process_groups import (
     RankEnv,
     init_process_group,
     initialize_megatron_groups,
+    destroy_process_group,
     resolve_device,
     seed_everything,
 )
 
-__all__ = ["RankEnv", "init_process_group", "initialize_megatron_groups", "resolve_device", "seed_everything"]
+__all__ = [
+    "RankEnv",
+    "destroy_process_group",
+    "init_process_group",
+    "initialize_megatron_groups",
+    "resolve_device",
+    "seed_everything",
+]

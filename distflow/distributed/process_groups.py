@@ -102,6 +102,12 @@ def initialize_megatron_groups(layout: ParallelLayout, placement: Placement, tim
     return trains
 
 
+def destroy_process_group() -> None:
+    """Leaves the job's process groups at the end of a run (nothing when this process never joined any)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def seed_everything(seed: int, trains: bool = True) -> None:
     """Same seed on every rank; Megatron's tracker gives TP ranks their own streams where it needs them
     (training ranks only: it reads their Megatron groups)."""
