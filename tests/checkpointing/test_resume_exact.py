@@ -57,7 +57,6 @@ def test_resume_gives_the_same_steps(tmp_path):
         "checkpoint.export_hf=true",
         # A KL term: the reference is the warmed-up actor's copy, which the checkpoint must carry too.
         "algorithm.kl_coef=0.05",
-        "ref.tp=2",
     ]
     straight = tmp_path / "straight"
     torchrun(

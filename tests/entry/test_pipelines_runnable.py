@@ -42,8 +42,6 @@ def test_dag_show_prints_every_builtin(name, capsys):
                 f"dag.pipeline={name}",
                 *overrides,
                 "actor.tp=2",
-                "critic.tp=2",
-                "ref.tp=2",
                 "--world-size",
                 "4",
             ]

@@ -16,7 +16,6 @@ from distflow.testing.launch import torchrun
 
 COMMON = [
     "ref.enable=true",
-    "ref.tp=2",
     "algorithm.kl_coef=0.05",
     "algorithm.entropy_coef=0.0",
     "trainer.sft_warmup_steps=0",

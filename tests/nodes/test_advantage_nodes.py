@@ -13,6 +13,7 @@ from distflow.batch import from_padded, to_padded
 from distflow.config.schema import AlgorithmConfig
 from distflow.coordination.data import PackedBatch
 from distflow.nodes import advantage
+from distflow.nodes.context import NodeContext
 
 PROMPT = 3
 RESPONSES = [4, 2, 5, 3]  # response tokens per sample
@@ -41,11 +42,9 @@ def _rewards(samples: PackedBatch, values) -> PackedBatch:
     )
 
 
-def _ctx(**algorithm) -> SimpleNamespace:
+def _ctx(**algorithm) -> NodeContext:
     cfg = SimpleNamespace(algorithm=dataclasses.replace(AlgorithmConfig(), **algorithm))
-    ctx = SimpleNamespace(cfg=cfg, metrics={})
-    ctx.record = lambda **values: ctx.metrics.update({k: float(v) for k, v in values.items()})
-    return ctx
+    return NodeContext(cfg, cluster=None, rank=0, tokenizer=None)
 
 
 def test_from_padded_round_trips_token_level_fields():
@@ -81,7 +80,7 @@ def test_gae_node_matches_the_algorithm():
     expected, returns = adv.gae_advantages(token_rewards, values, mask, gamma=0.9, lam=0.8)
     torch.testing.assert_close(to_padded(out["advantages"])["advantages"], expected)
     torch.testing.assert_close(to_padded(out["returns"])["returns"], returns)
-    assert ctx.metrics["critic/returns_mean"] == pytest.approx(float(returns[mask.bool()].mean()))
+    assert ctx.step.metrics["critic/returns_mean"] == pytest.approx(float(returns[mask.bool()].mean()))
 
 
 def test_reinforce_pp_node_puts_the_kl_penalty_in_the_reward():
@@ -106,15 +105,15 @@ def test_reinforce_pp_node_puts_the_kl_penalty_in_the_reward():
     torch.testing.assert_close(penalised, token_rewards - 0.03 * mask)
     expected, _ = adv.reinforce_pp_advantages(penalised, mask, gamma=0.95)
     torch.testing.assert_close(to_padded(out["advantages"])["advantages"], expected)
-    assert ctx.metrics["reward/kl_penalty"] == pytest.approx(0.3)
+    assert ctx.step.metrics["reward/kl_penalty"] == pytest.approx(0.3)
     # critic/rewards in verl's names: each sample's outcome minus 0.03 on each of its response tokens.
     shaped = torch.tensor([0.0, 0.25, 1.0, 0.5]) - 0.03 * torch.tensor(sorted(RESPONSES))
-    assert ctx.metrics["reward/shaped/mean"] == pytest.approx(float(shaped.mean()))
-    assert ctx.metrics["reward/shaped/max"] == pytest.approx(float(shaped.max()))
+    assert ctx.step.metrics["reward/shaped/mean"] == pytest.approx(float(shaped.mean()))
+    assert ctx.step.metrics["reward/shaped/max"] == pytest.approx(float(shaped.max()))
     kept = expected[mask.bool()]
-    assert ctx.metrics["advantage/max"] == pytest.approx(float(kept.max()))
-    assert ctx.metrics["advantage/min"] == pytest.approx(float(kept.min()))
-    assert ctx.metrics["advantage/mean"] == pytest.approx(float(kept.mean()), abs=1e-6)
+    assert ctx.step.metrics["advantage/max"] == pytest.approx(float(kept.max()))
+    assert ctx.step.metrics["advantage/min"] == pytest.approx(float(kept.min()))
+    assert ctx.step.metrics["advantage/mean"] == pytest.approx(float(kept.mean()), abs=1e-6)
 
 
 def test_kl_in_reward_without_reference_log_probs_is_an_error():
@@ -139,11 +138,11 @@ def test_outcome_node_matches_the_algorithm(estimator):
     ctx = _ctx(adv_estimator=estimator)
     out = advantage.compute(ctx, {"samples": samples, "rewards": rewards})
     per_sample = out["advantages"].fields["advantages"]
-    assert ctx.metrics["advantage/samples"] == 4 and ctx.metrics["reward/shaped/mean"] == pytest.approx(
-        0.4375
-    )
-    assert ctx.metrics["advantage/max"] == pytest.approx(float(per_sample.max()))
-    assert ctx.metrics["advantage/min"] == pytest.approx(float(per_sample.min()))
+    assert ctx.step.metrics["advantage/samples"] == 4 and ctx.step.metrics[
+        "reward/shaped/mean"
+    ] == pytest.approx(0.4375)
+    assert ctx.step.metrics["advantage/max"] == pytest.approx(float(per_sample.max()))
+    assert ctx.step.metrics["advantage/min"] == pytest.approx(float(per_sample.min()))
     # The node keeps the samples' own order (ids 12, 10, 13, 11); compare on the padded responses.
     mask = torch.zeros(len(RESPONSES), max(RESPONSES))
     for i, n in enumerate(RESPONSES):

@@ -59,7 +59,7 @@ def main():
     # The step metrics of the two ranks, reduced as the trainer does, are the single process's.
     for ctx, whole_ctx in ((gae_ctx, whole_gae_ctx), (outcome_ctx, whole_out_ctx)):
         per_rank = [None, None]
-        dist.all_gather_object(per_rank, ctx.metrics)
+        dist.all_gather_object(per_rank, ctx.step.metrics)
         reduced = reduce_metrics(per_rank)
         for name in (
             "advantage/mean",
@@ -69,7 +69,7 @@ def main():
             "reward/shaped/max",
             "reward/shaped/min",
         ):
-            torch.testing.assert_close(reduced[name], whole_ctx.metrics[name], msg=name)
+            torch.testing.assert_close(reduced[name], whole_ctx.step.metrics[name], msg=name)
     joined_gae = PackedBatch.concat([g[0] for g in gathered]).sorted_by_id()
     joined_out = PackedBatch.concat([g[1] for g in gathered]).sorted_by_id()
     torch.testing.assert_close(to_padded(joined_gae)["advantages"], to_padded(whole_gae)["advantages"])
