@@ -30,7 +30,7 @@ from distflow.tracking.perf import memory_metrics
 from distflow.tracking.profiling import StepProfiler
 from distflow.tracking.reduce import reduce_over_ranks
 from distflow.tracking.tracker import Tracker
-from distflow.trainer_setup import actor_mfu, build_workers, load_prompts, load_tokenizer
+from distflow.trainer_setup import Prompts, actor_mfu, build_workers, load_prompts, load_tokenizer
 from distflow.workers.megatron.hf_io import save_hf_checkpoint
 
 
@@ -51,14 +51,14 @@ class Trainer:
         run_ctx: RunContext,
         ctx: NodeContext,
         controller: RankController,
-        data,
+        prompts: Prompts,
         tracker: Tracker,
         checkpointer: Checkpointer,
         coordinator: DataCoordinator,
         failure: FailureSignal,
     ):
         self.run_ctx, self.cfg, self.ctx, self.controller = run_ctx, run_ctx.cfg, ctx, controller
-        self.train_set, self.val_set, self.loader = data
+        self.train_set, self.val_set, self.loader = prompts.train, prompts.val, prompts.loader
         self.tracker, self.checkpointer, self.coordinator, self.failure = (
             tracker,
             checkpointer,
@@ -89,7 +89,7 @@ class Trainer:
         checkpointer = Checkpointer(cfg.checkpoint, out_dir, rank, run_ctx.world_size)
         tokenizer = load_tokenizer(cfg)
         workers = build_workers(run_ctx, pipeline, tokenizer)
-        data = load_prompts(cfg, tokenizer, workers.rollout)
+        prompts = load_prompts(cfg, tokenizer, workers.rollout)
         ctx = NodeContext(
             cfg,
             cluster,
@@ -97,8 +97,8 @@ class Trainer:
             tokenizer,
             workers,
             weight_sync=WeightSync.for_run(cfg, cluster, rank, workers.actor, workers.rollout),
-            prompt_loader=data[2],
-        )  # dynamic sampling draws its extra rounds from the same order
+            prompt_loader=prompts.loader,  # dynamic sampling draws its extra rounds from the same order
+        )
         tracker = Tracker(
             cfg.tracking,
             out_dir,
@@ -119,9 +119,9 @@ class Trainer:
         )
         run_ctx.log(
             f"pipeline {pipeline.name}: {' -> '.join(n.id for n in controller.order)}; "
-            f"{len(data[0])} training prompts, {cfg.data.train_batch_size} x {cfg.rollout.n} samples per step"
+            f"{len(prompts.train)} training prompts, {cfg.data.train_batch_size} x {cfg.rollout.n} samples per step"
         )
-        return cls(run_ctx, ctx, controller, data, tracker, checkpointer, coordinator, failure)
+        return cls(run_ctx, ctx, controller, prompts, tracker, checkpointer, coordinator, failure)
 
     def resume_or_warm_up(self) -> None:
         """Step 1 starts from the resume checkpoint (checkpoint.resume), else from model.path after the

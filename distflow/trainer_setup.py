@@ -6,6 +6,7 @@ engine owners the reward scorers and its partition of the prompts.
 """
 
 import dataclasses
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoTokenizer
@@ -70,14 +71,24 @@ def _trained_worker(role: str, role_cfg, cfg, layout, device: str) -> MegatronWo
     )
 
 
-def load_prompts(cfg, tokenizer, rollout: RolloutWorker):
-    """(training set, held-out set or None, this rank's PromptLoader or None on ranks without an engine)."""
-    train_set = PromptDataset.from_config(cfg.data, tokenizer, "train")
-    val_set = PromptDataset.from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None
+@dataclass
+class Prompts:
+    """The run's prompts as this rank sees them."""
+
+    train: PromptDataset
+    val: PromptDataset | None
+    """data.val_files, or None (no validation)."""
+    loader: PromptLoader | None
+    """This rank's partition of `train`, in the run's order; None on ranks without an engine."""
+
+
+def load_prompts(cfg, tokenizer, rollout: RolloutWorker) -> Prompts:
+    train = PromptDataset.from_config(cfg.data, tokenizer, "train")
+    val = PromptDataset.from_config(cfg.data, tokenizer, "val") if cfg.data.val_files else None
     loader = None
     if rollout.owner:
-        loader = PromptLoader.from_config(cfg.data, train_set, rollout.engine_index, rollout.num_engines)
-    return train_set, val_set, loader
+        loader = PromptLoader.from_config(cfg.data, train, rollout.engine_index, rollout.num_engines)
+    return Prompts(train, val, loader)
 
 
 def actor_mfu(cfg, placement):

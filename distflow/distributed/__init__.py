@@ -4,9 +4,9 @@ and the library warnings it silences (library_noise)."""
 
 from distflow.distributed.process_groups import (
     RankEnv,
+    destroy_process_group,
     init_process_group,
     initialize_megatron_groups,
-    destroy_process_group,
     resolve_device,
     seed_everything,
 )
