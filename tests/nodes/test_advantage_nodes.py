@@ -47,18 +47,6 @@ def _ctx(**algorithm) -> NodeContext:
     return NodeContext(cfg, cluster=None, rank=0, tokenizer=None)
 
 
-def test_from_padded_round_trips_token_level_fields():
-    samples = _samples()
-    batch = to_padded(samples)
-    values = torch.randn(batch["input_ids"].shape) * batch["attention_mask"]
-    packed = from_padded(samples, {"values": values})
-    # One row per token of each sample, in sample-id order (ids 10, 11, 12, 13 have 2, 3, 4, 5 responses).
-    assert packed.sample_ids.tolist() == [10, 11, 12, 13]
-    assert packed.row_counts["values"].tolist() == [PROMPT + 2, PROMPT + 3, PROMPT + 4, PROMPT + 5]
-    torch.testing.assert_close(to_padded(packed)["values"], values)
-    torch.testing.assert_close(to_padded(packed)["attention_mask"], batch["attention_mask"])
-
-
 def test_gae_node_matches_the_algorithm():
     samples = _samples()
     batch = to_padded(samples)
