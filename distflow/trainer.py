@@ -58,20 +58,15 @@ class Trainer:
         failure: FailureSignal,
     ):
         self.run_ctx, self.cfg, self.ctx, self.controller = run_ctx, run_ctx.cfg, ctx, controller
-        self.train_set, self.val_set, self.loader = prompts.train, prompts.val, prompts.loader
-        self.tracker, self.checkpointer, self.coordinator, self.failure = (
-            tracker,
-            checkpointer,
-            coordinator,
-            failure,
-        )
+        self.prompts, self.tracker, self.checkpointer = prompts, tracker, checkpointer
+        self.coordinator, self.failure = coordinator, failure
         workers = ctx.workers
-        self.trainable = {
-            role: w for role, w in (("actor", workers.actor), ("critic", workers.critic)) if w is not None
-        }
-        self.checkpointed = dict(self.trainable)
-        if workers.ref is not None and self.cfg.trainer.sft_warmup_steps:
-            self.checkpointed["ref"] = workers.ref  # the warmed-up actor's copy: model.path does not hold it
+        # What a checkpoint holds: the trained roles, and the reference when it is the warmed-up actor's copy
+        # (model.path does not hold that one).
+        roles = {"actor": workers.actor, "critic": workers.critic}
+        if self.cfg.trainer.sft_warmup_steps:
+            roles["ref"] = workers.ref
+        self.checkpointed = {role: worker for role, worker in roles.items() if worker is not None}
         self.start_step = 0
         self.cuda = run_ctx.device == "cuda"
         self.profiler = StepProfiler(
@@ -127,7 +122,7 @@ class Trainer:
         """Step 1 starts from the resume checkpoint (checkpoint.resume), else from model.path after the
         optional supervised warm-up (trainer.sft_warmup_steps); either way the engines get those weights."""
         cfg, log, workers = self.cfg, self.run_ctx.log, self.ctx.workers
-        self.start_step = self.checkpointer.restore(self.checkpointed, self.loader)
+        self.start_step = self.checkpointer.restore(self.checkpointed, self.prompts.loader)
         if self.start_step:  # the warm-up is part of what was restored
             self.ctx.weight_sync.continue_versions_from(self.checkpointer.meta["rollout_weight_version"] - 1)
             self.ctx.weight_sync.sync()  # becomes the checkpoint's version again
@@ -144,7 +139,7 @@ class Trainer:
                 losses = sft_warmup(
                     workers.actor,
                     self.ctx.tokenizer,
-                    self.train_set,
+                    self.prompts.train,
                     cfg.trainer.sft_warmup_steps,
                     cfg.data.train_batch_size,
                     cfg.trainer.seed,
@@ -160,8 +155,8 @@ class Trainer:
         total = self.cfg.trainer.total_steps
         for step in range(self.start_step + 1, total + 1):
             metrics = self.step(step)
-            if self.val_set is not None and self._validates(step):
-                val_metrics, val_rows = validate(self.ctx, self.val_set)
+            if self.prompts.val is not None and self._validates(step):
+                val_metrics, val_rows = validate(self.ctx, self.prompts.val)
                 metrics.update(val_metrics)
                 self.tracker.log_samples(val_rows, step)
             self.tracker.log(metrics, step)
@@ -169,7 +164,7 @@ class Trainer:
                 self.checkpointer.save(
                     step,
                     self.checkpointed,
-                    self.loader,
+                    self.prompts.loader,
                     self.tracker.run_id,
                     rollout_weight_version=self.ctx.workers.rollout.weight_version,
                 )
@@ -183,7 +178,9 @@ class Trainer:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()  # perf/max_memory_*: this step's peak
         with self.profiler.step(step):
-            result = self.controller.run_step({"prompts": next(self.loader) if self.loader else None})
+            result = self.controller.run_step(
+                {"prompts": next(self.prompts.loader) if self.prompts.loader else None}
+            )
         metrics = {f"timing_s/{k}": v for k, v in result.timing_s.items()}
         metrics.update(reduce_over_ranks({**self.ctx.step.metrics, **memory_metrics(self.cuda)}))
         step_s = time.perf_counter() - start

@@ -92,9 +92,8 @@ def load_prompts(cfg, tokenizer, rollout: RolloutWorker) -> Prompts:
 
 
 def actor_mfu(cfg, placement):
-    """perf/mfu/actor's calculator on a GPU whose peak is known, else None (the metric is then absent)."""
-    if not torch.cuda.is_available():
-        return None
+    """perf/mfu/actor's calculator on a GPU whose peak is known, else None (the metric is then absent).
+    Call it on a training device that is a GPU."""
     peak = peak_flops(torch.cuda.get_device_name())
     if peak is None:
         return None

@@ -104,10 +104,11 @@ class PackedBatch:
         n = len(self.sample_ids)
         self.infos = None
         if infos is not None:  # restricted to this batch's samples, so a subset carries only its own
-            missing = [i for i in self.sample_ids.tolist() if i not in infos]
+            ids = self.sample_ids.tolist()
+            self.infos = {i: infos[i] for i in ids if i in infos}
+            missing = [i for i in ids if i not in infos] if len(self.infos) < len(ids) else []
             if missing:
                 raise ValueError(f"infos lack sample ids {missing[:5]} ({len(missing)} of {n})")
-            self.infos = {i: infos[i] for i in self.sample_ids.tolist()}
         if len(self.groups) != n or len(self.lengths) != n:
             raise ValueError(
                 f"{n} sample ids but {len(self.groups)} group ids and {len(self.lengths)} lengths"

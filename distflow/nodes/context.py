@@ -25,7 +25,7 @@ class Workers:
     actor: Optional["MegatronWorker"] = None
     """None on the rollout-only ranks of a disaggregated placement."""
     ref: Optional["MegatronWorker"] = None
-    """The frozen KL reference (dag.builtin.uses_reference)."""
+    """The frozen KL reference (distflow.config.algorithm.uses_reference)."""
     critic: Optional["MegatronWorker"] = None
     """A value head, trained (pipelines with critic nodes)."""
     reward_model: Optional["MegatronWorker"] = None
