@@ -5,7 +5,8 @@ partition), runs the same DAG with its own controller, and the only cross-rank t
 between layouts, the weight sync and one small all-gather of metrics per step for logging.
 
 Reading order: `run` (the whole life of a run), `Trainer.build` (what a rank holds), `resume_or_warm_up`
-(where step 1 starts from), `train` (the loop), `step` (one step: the DAG of dag/builtin.py, then its metrics).
+(where step 1 starts from), `train` (the loop), `step` (one step: the DAG of dag/builtin.py, its rollout
+stage run ahead within rollout.max_staleness by dag/lookahead.py, then its metrics).
 """
 
 import dataclasses
@@ -20,6 +21,7 @@ from distflow.dag.controller import RankController
 from distflow.dag.data_mover import CoordinatorMover
 from distflow.dag.failure import FailureSignal
 from distflow.dag.loading import load_pipeline
+from distflow.dag.lookahead import LookaheadRollout
 from distflow.dag.roles import ranks_of_role
 from distflow.nodes.context import NodeContext, StepState
 from distflow.nodes.sync import WeightSync
@@ -29,6 +31,7 @@ from distflow.run_context import RunContext
 from distflow.tracking.perf import memory_metrics
 from distflow.tracking.profiling import StepProfiler
 from distflow.tracking.reduce import reduce_over_ranks
+from distflow.tracking.timeline import Timeline
 from distflow.tracking.tracker import Tracker
 from distflow.trainer_setup import Prompts, actor_mfu, build_workers, load_prompts, load_tokenizer
 from distflow.workers.megatron.hf_io import save_hf_checkpoint
@@ -60,6 +63,9 @@ class Trainer:
         self.run_ctx, self.cfg, self.ctx, self.controller = run_ctx, run_ctx.cfg, ctx, controller
         self.prompts, self.tracker, self.checkpointer = prompts, tracker, checkpointer
         self.coordinator, self.failure = coordinator, failure
+        self.rollouts = LookaheadRollout(
+            controller, ctx, prompts.loader, self.cfg.rollout.max_staleness, self.cfg.trainer.total_steps
+        )
         workers = ctx.workers
         # What a checkpoint holds: the trained roles, and the reference when it is the warmed-up actor's copy
         # (model.path does not hold that one).
@@ -69,6 +75,7 @@ class Trainer:
         self.checkpointed = {role: worker for role, worker in roles.items() if worker is not None}
         self.start_step = 0
         self.cuda = run_ctx.device == "cuda"
+        self.timeline = Timeline(self.cfg.trainer.output_dir, run_ctx.rank)
         self.profiler = StepProfiler(
             self.cfg.trainer.profile_steps, Path(self.cfg.trainer.output_dir), run_ctx.rank, cuda=self.cuda
         )
@@ -116,6 +123,8 @@ class Trainer:
             f"pipeline {pipeline.name}: {' -> '.join(n.id for n in controller.order)}; "
             f"{len(prompts.train)} training prompts, {cfg.data.train_batch_size} x {cfg.rollout.n} samples per step"
         )
+        if cfg.rollout.max_staleness:
+            run_ctx.log(describe_staleness(cfg))
         return cls(run_ctx, ctx, controller, prompts, tracker, checkpointer, coordinator, failure)
 
     def resume_or_warm_up(self) -> None:
@@ -123,6 +132,7 @@ class Trainer:
         optional supervised warm-up (trainer.sft_warmup_steps); either way the engines get those weights."""
         cfg, log, workers = self.cfg, self.run_ctx.log, self.ctx.workers
         self.start_step = self.checkpointer.restore(self.checkpointed, self.prompts.loader)
+        self.rollouts.load_state_dict(self.checkpointer.rank_state.get("rollouts_ahead"))
         if self.start_step:  # the warm-up is part of what was restored
             self.ctx.weight_sync.continue_versions_from(self.checkpointer.meta["rollout_weight_version"] - 1)
             self.ctx.weight_sync.sync()  # becomes the checkpoint's version again
@@ -166,6 +176,7 @@ class Trainer:
                     self.checkpointed,
                     self.prompts.loader,
                     self.tracker.run_id,
+                    rank_state={"rollouts_ahead": self.rollouts.state_dict()},
                     rollout_weight_version=self.ctx.workers.rollout.weight_version,
                 )
         self._finished = True
@@ -178,11 +189,10 @@ class Trainer:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()  # perf/max_memory_*: this step's peak
         with self.profiler.step(step):
-            result = self.controller.run_step(
-                {"prompts": next(self.prompts.loader) if self.prompts.loader else None}
-            )
-        metrics = {f"timing_s/{k}": v for k, v in result.timing_s.items()}
-        metrics.update(reduce_over_ranks({**self.ctx.step.metrics, **memory_metrics(self.cuda)}))
+            result = self.rollouts.step(step)
+        self.timeline.write(step, result.spans)
+        timing = {f"timing_s/{k}": v for k, v in result.timing_s.items()}
+        metrics = reduce_over_ranks({**self.ctx.step.metrics, **timing, **memory_metrics(self.cuda)})
         step_s = time.perf_counter() - start
         metrics["timing_s/step"] = metrics["perf/time_per_step"] = step_s
         # rollout/tokens is the sum over all engines: tokens generated per second and GPU.
@@ -213,8 +223,24 @@ class Trainer:
         peers are gone still gets out."""
         self.failure.stop()
         self.tracker.close()
+        self.timeline.close()
         self.ctx.workers.rollout.close()
         if self.ctx.workers.reward_pool is not None:
             self.ctx.workers.reward_pool.close()
         if self._finished:  # after an error a transfer may still wait on a peer: leave its thread to the exit
             self.coordinator.close()
+
+
+def describe_staleness(cfg) -> str:
+    """What rollout.max_staleness = k does in this run's placement (the start-up log)."""
+    k = cfg.rollout.max_staleness
+    what = (
+        f"rollout.max_staleness={k}: the engines generate the batches of the next {k} step(s) while this "
+        f"step trains; every sample is at most {k} weight version(s) older than the policy that trains on it"
+    )
+    if cfg.rollout.placement == "colocated":
+        return what + (
+            " (colocated placement: engines and trainer take turns on the same devices, so generation does not "
+            "overlap training; rollout.placement=disaggregated gives the overlap)"
+        )
+    return what

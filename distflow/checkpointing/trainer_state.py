@@ -4,7 +4,8 @@ One checkpoint folder (step_<N>, see directory.py) holds:
     <role>/          each trainable worker's Megatron dist checkpoint (model + optimizer, worker_state.py),
                      with its HF source (config, tokenizer: model_folder.py), so that
                      tools/convert_megatron_to_hf.py exports it and <role>.load starts from it
-    rank_<r>.pt      rank r's own state: RNG streams, its prompt loader's position, the LR schedulers
+    rank_<r>.pt      rank r's own state: RNG streams, its prompt loader's position, the LR schedulers, and
+                     the rollouts it generated ahead (rollout.max_staleness > 0)
     meta.json        step, tracker run id, world size and each role's layout and model (written last)
 Every rank calls save/restore together. Resuming needs the same world size, layouts and model: the per-rank
 files are tied to ranks (a different layout gets a CheckpointError naming what differs).
@@ -59,6 +60,8 @@ class Checkpointer:
         self.directory = CheckpointDirectory.of_run(output_dir)
         self.resume_from = resolve_resume(cfg.resume, output_dir)
         self.meta = read_meta(self.resume_from) if self.resume_from is not None else None
+        self.rank_state: dict = {}
+        """After restore: the `rank_state` this rank saved (empty for a fresh run)."""
 
     def tracker_resume(self) -> dict:
         """Tracker keyword arguments: the run id and step to continue, or none for a fresh run."""
@@ -89,13 +92,17 @@ class Checkpointer:
                 )
             loader.load_state_dict(state["loader"])
         restore_rng_state(state["rng"])
+        self.rank_state = state.get("rank_state") or {}
         return int(self.meta["step"])
 
     def should_save(self, step: int, total_steps: int) -> bool:
         return step == total_steps or (self.cfg.save_every > 0 and step % self.cfg.save_every == 0)
 
-    def save(self, step: int, workers: dict, loader, run_id: str | None, **extra) -> Path:
+    def save(
+        self, step: int, workers: dict, loader, run_id: str | None, rank_state: dict | None = None, **extra
+    ) -> Path:
         """Writes step_<step> (all ranks), then points `latest` at it and prunes (rank 0); returns its path.
+        `rank_state`: this rank's further state (picklable), read back from `self.rank_state` after restore.
         `extra`: small JSON values of rank 0 to keep in meta.json (read back from `self.meta` on resume)."""
         staging = self.directory.staging(step)
         if self.rank == 0:
@@ -110,6 +117,7 @@ class Checkpointer:
                 "rng": capture_rng_state(),
                 "loader": loader.state_dict() if loader is not None else None,
                 "schedulers": {role: w.scheduler.state_dict() for role, w in _trained(workers).items()},
+                "rank_state": rank_state or {},
             },
             staging / f"rank_{self.rank}.pt",
         )

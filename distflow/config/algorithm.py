@@ -68,3 +68,18 @@ def estimators_of(pipeline: str) -> tuple[str, ...]:
 def uses_reference(cfg) -> bool:
     """A reference model is built and its log-probs computed only when a KL term uses it."""
     return cfg.algorithm.kl_coef > 0 and cfg.ref.enable
+
+
+def recomputes_old_logprobs(cfg) -> bool:
+    """Whether each step runs the actor's separate old-log-prob forward before the update.
+
+    The pass is redundant when the update is one optimizer step (one epoch, one mini-batch) and nothing reads
+    the old log-probs before it (the outcome estimators): the update's own forward then runs the very weights
+    the pass would, on the same samples, and its detached log-probs serve as the old ones (the ratio starts
+    at 1, as it would). That holds for stale samples too (rollout.max_staleness > 0): the old log-probs are
+    the current policy's, not the sampling policy's, which the engine's rollout log-probs are. Several
+    mini-batches or epochs (the policy moves between them) and the token-level estimators need the pass."""
+    actor = cfg.actor
+    one_update = actor.ppo_epochs == 1 and actor.mini_batch_size in (0, cfg.data.train_batch_size)
+    outcome = ESTIMATORS[cfg.algorithm.adv_estimator].kind == "outcome"
+    return not (one_update and outcome)

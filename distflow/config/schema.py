@@ -163,6 +163,14 @@ class RolloutConfig:
     balance_timeout_s: float = option(
         3600.0, "Longest wait for other engines' chunk plans, stolen chunks' samples and totals in a step."
     )
+    max_staleness: int = option(
+        0,
+        "Bounded staleness: a sample may be trained on by a policy up to this many weight versions newer "
+        "than the one that sampled it. 0: lock-step (generate, train, sync, in turn); k > 0: the engines "
+        "generate the batches of the next k steps while the trainer trains this one (disaggregated "
+        "placement: generation overlaps training; colocated: the devices are time-shared, so nothing "
+        "overlaps). See docs/async.md.",
+    )
     engine_nnodes: int = option(
         1,
         "Nodes one engine spans (engine_tp larger than a node's GPUs): engine_tp / engine_nnodes of its ranks "

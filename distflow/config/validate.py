@@ -92,6 +92,7 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
     _positive("data.train_batch_size", cfg.data.train_batch_size)
     check_ranges(cfg)
     _check_estimator(cfg)
+    _check_staleness(cfg)
     for i, backend in enumerate(cfg.tracking.backends):
         if backend not in TRACKING_BACKENDS:
             raise ConfigError(f"tracking.backends[{i}]={backend!r} is not one of {list(TRACKING_BACKENDS)}")
@@ -128,6 +129,36 @@ def _check_estimator(cfg: DistFlowConfig) -> None:
         raise ConfigError(
             f"algorithm.kl_coef={a.kl_coef} needs the reference model: set ref.enable=true, or "
             "algorithm.kl_coef=0 to train without a KL term"
+        )
+
+
+def _check_staleness(cfg: DistFlowConfig) -> None:
+    """rollout.max_staleness against what the rollout of a future step may not wait for (docs/async.md)."""
+    r, a = cfg.rollout, cfg.algorithm
+    if r.max_staleness < 0:
+        raise ConfigError(
+            f"rollout.max_staleness={r.max_staleness} must be >= 0 (0: lock-step, k: samples up to k "
+            "weight versions old)"
+        )
+    if r.max_staleness == 0:
+        return
+    if a.dynamic_sampling:
+        raise ConfigError(
+            f"rollout.max_staleness={r.max_staleness} with algorithm.dynamic_sampling=true: DAPO's dynamic "
+            "sampling decides 'enough groups?' with a collective over every rank in the middle of the "
+            "rollout, so a future step's rollout would hold the trainer up and nothing could overlap; use "
+            "rollout.max_staleness=0 with dynamic sampling, or dag.pipeline=grpo asynchronously"
+        )
+    estimator = ESTIMATORS[a.adv_estimator]
+    # An outcome advantage is computed where the samples were scored (unless a reward model scores them in
+    # the training layout): inside the rollout of a future step.
+    in_rollout = estimator.kind == "outcome" and not cfg.reward.model_path
+    if r.placement == "disaggregated" and in_rollout and estimator.whitens:
+        raise ConfigError(
+            f"rollout.max_staleness={r.max_staleness} with algorithm.adv_estimator={a.adv_estimator} in the "
+            "disaggregated placement: it whitens the advantages with a collective over every rank where the "
+            "samples were scored, so the training ranks would wait for each future step's rollout; use grpo "
+            "or rloo (group baselines, no collective), or rollout.max_staleness=0"
         )
 
 

@@ -1,7 +1,7 @@
 """Built-in RL pipelines: GRPO, RLOO, PPO, REINFORCE++ and DAPO, each one function listing its nodes.
 
 A pipeline says who runs what on which data; the work of each node is a function of distflow.nodes. Each
-function reads top to bottom in the order one step runs (generate, reward, [dynamic_sampling], old_logprob,
+function reads top to bottom in the order one step runs (generate, reward, [dynamic_sampling], [old_logprob],
 [ref_logprob], [values], advantage, [train_critic], train_actor, sync_weights); a little repetition between
 them is the price of reading one alone. Next to each is its `check_<name>(cfg)`: the settings it cannot run,
 a ConfigError raised by distflow.dag.loading before the pipeline is built (the pre-flight, before any process
@@ -9,7 +9,7 @@ group). A user pipeline is any `module:function` returning a Pipeline (dag.pipel
 """
 
 from distflow.config import ConfigError
-from distflow.config.algorithm import ESTIMATORS, estimators_of, uses_reference
+from distflow.config.algorithm import ESTIMATORS, estimators_of, recomputes_old_logprobs, uses_reference
 from distflow.config.schema import DistFlowConfig
 from distflow.dag.graph import Pipeline
 from distflow.nodes import advantage, critic, dynamic_sampling, logprob, reward, rollout, sync, train
@@ -75,7 +75,11 @@ def grpo(cfg: DistFlowConfig) -> Pipeline:
         )
     else:
         p.add("reward", "reward", reward.score, ["samples"], ["rewards"], doc=SCORE_DOC)
-    p.add("old_logprob", "actor", logprob.actor_logprobs, ["samples"], ["old_logprobs"], doc=OLD_LOGPROB_DOC)
+    old = recomputes_old_logprobs(cfg)  # else the update's own forward gives them (nodes/train.py)
+    if old:
+        p.add(
+            "old_logprob", "actor", logprob.actor_logprobs, ["samples"], ["old_logprobs"], doc=OLD_LOGPROB_DOC
+        )
     if ref:
         p.add(
             "ref_logprob",
@@ -110,7 +114,7 @@ def grpo(cfg: DistFlowConfig) -> Pipeline:
         "train_actor",
         "actor",
         train.train_actor,
-        ["samples", "advantages", "old_logprobs"] + (["ref_logprobs"] if ref else []),
+        ["samples", "advantages"] + (["old_logprobs"] if old else []) + (["ref_logprobs"] if ref else []),
         ["actor_metrics"],
         doc=TRAIN_ACTOR_DOC,
     )
@@ -146,7 +150,11 @@ def rloo(cfg: DistFlowConfig) -> Pipeline:
         )
     else:
         p.add("reward", "reward", reward.score, ["samples"], ["rewards"], doc=SCORE_DOC)
-    p.add("old_logprob", "actor", logprob.actor_logprobs, ["samples"], ["old_logprobs"], doc=OLD_LOGPROB_DOC)
+    old = recomputes_old_logprobs(cfg)  # else the update's own forward gives them (nodes/train.py)
+    if old:
+        p.add(
+            "old_logprob", "actor", logprob.actor_logprobs, ["samples"], ["old_logprobs"], doc=OLD_LOGPROB_DOC
+        )
     if ref:
         p.add(
             "ref_logprob",
@@ -170,7 +178,7 @@ def rloo(cfg: DistFlowConfig) -> Pipeline:
         "train_actor",
         "actor",
         train.train_actor,
-        ["samples", "advantages", "old_logprobs"] + (["ref_logprobs"] if ref else []),
+        ["samples", "advantages"] + (["old_logprobs"] if old else []) + (["ref_logprobs"] if ref else []),
         ["actor_metrics"],
         doc=TRAIN_ACTOR_DOC,
     )
@@ -282,7 +290,11 @@ def reinforce_pp(cfg: DistFlowConfig) -> Pipeline:
         )
     else:
         p.add("reward", "reward", reward.score, ["samples"], ["rewards"], doc=SCORE_DOC)
-    p.add("old_logprob", "actor", logprob.actor_logprobs, ["samples"], ["old_logprobs"], doc=OLD_LOGPROB_DOC)
+    old = recomputes_old_logprobs(cfg)  # else the update's own forward gives them (nodes/train.py)
+    if old:
+        p.add(
+            "old_logprob", "actor", logprob.actor_logprobs, ["samples"], ["old_logprobs"], doc=OLD_LOGPROB_DOC
+        )
     if ref:
         p.add(
             "ref_logprob",
@@ -317,7 +329,7 @@ def reinforce_pp(cfg: DistFlowConfig) -> Pipeline:
         "train_actor",
         "actor",
         train.train_actor,
-        ["samples", "advantages", "old_logprobs"] + (["ref_logprobs"] if ref else []),
+        ["samples", "advantages"] + (["old_logprobs"] if old else []) + (["ref_logprobs"] if ref else []),
         ["actor_metrics"],
         doc=TRAIN_ACTOR_DOC,
     )
@@ -355,15 +367,17 @@ def dapo(cfg: DistFlowConfig) -> Pipeline:
         f"equal; generate again (up to {a.max_sampling_attempts} rounds, a collective decision) until "
         f"{cfg.data.train_batch_size} groups are kept",
     )
-    p.add(
-        "old_logprob",
-        "actor",
-        logprob.actor_logprobs,
-        ["kept_samples"],
-        ["old_logprobs"],
-        doc=OLD_LOGPROB_DOC,
-        arg_names=kept,
-    )
+    old = recomputes_old_logprobs(cfg)  # else the update's own forward gives them (nodes/train.py)
+    if old:
+        p.add(
+            "old_logprob",
+            "actor",
+            logprob.actor_logprobs,
+            ["kept_samples"],
+            ["old_logprobs"],
+            doc=OLD_LOGPROB_DOC,
+            arg_names=kept,
+        )
     if ref:
         p.add(
             "ref_logprob",
@@ -388,7 +402,9 @@ def dapo(cfg: DistFlowConfig) -> Pipeline:
         "train_actor",
         "actor",
         train.train_actor,
-        ["kept_samples", "advantages", "old_logprobs"] + (["ref_logprobs"] if ref else []),
+        ["kept_samples", "advantages"]
+        + (["old_logprobs"] if old else [])
+        + (["ref_logprobs"] if ref else []),
         ["actor_metrics"],
         doc=TRAIN_ACTOR_DOC,
         arg_names=kept,

@@ -32,6 +32,8 @@ class StepResult:
     timing_s: dict[str, float] = field(default_factory=dict)
     skipped_at: str | None = None
     """The node that ended the step early with SkipStep (its later nodes did not run), else None."""
+    spans: list[dict] = field(default_factory=list)
+    """When each node ran: {"node", "start", "end"} in wall-clock seconds (time.time())."""
 
 
 class RankController:
@@ -56,13 +58,17 @@ class RankController:
         return node.role == "all" or self.rank in self.ranks_of_role.get(node.role, ())
 
     def run_step(self, sources: dict[str, Any]) -> StepResult:
-        """Runs one pass over the DAG. `sources` holds this rank's share of the pipeline's source data."""
-        store = dict(sources)
-        timing, skipped_at = {}, None
-        if hasattr(self.mover, "new_step"):
-            self.mover.new_step()
-        for node in self.order:
-            start = time.perf_counter()
+        """Runs one lock-step pass over the DAG. `sources` holds this rank's share of the source data."""
+        self._new_step()
+        return self.run_nodes(self.order, dict(sources))
+
+    def run_nodes(self, nodes: list[Node], store: dict[str, Any]) -> StepResult:
+        """Runs `nodes` (a part of `order`, in that order) on `store`, which holds their inputs from outside
+        them; a node raising SkipStep ends the pass there."""
+        store = dict(store)
+        timing, skipped_at, spans = {}, None, []
+        for node in nodes:
+            start, wall = time.perf_counter(), time.time()
             try:
                 inputs = {node.arg(name): self._input(name, store, node) for name in node.inputs}
                 if self.runs(node):
@@ -70,15 +76,41 @@ class RankController:
                     self._check_outputs(node, outputs)
                     store.update(outputs)
             except SkipStep:
-                timing[node.id] = time.perf_counter() - start
                 skipped_at = node.id
-                break
             except Exception as exc:
-                if self.failure is not None:
-                    self.failure.report(node.id, exc)
+                self._report(node.id, exc)
                 raise
-            timing[node.id] = time.perf_counter() - start
-        return StepResult(outputs=store, timing_s=timing, skipped_at=skipped_at)
+            finally:
+                timing[node.id] = time.perf_counter() - start
+                spans.append({"node": node.id, "start": wall, "end": wall + timing[node.id]})
+            if skipped_at is not None:
+                break
+        return StepResult(outputs=store, timing_s=timing, skipped_at=skipped_at, spans=spans)
+
+    def hand_off(self, store: dict[str, Any], nodes: list[Node]) -> None:
+        """Starts a step whose `nodes` consume `store` (the outputs of the nodes run before them): every input
+        of `nodes` from outside them moves now, in run order, to where its consumer runs (collective, like
+        every move). run_nodes(nodes, store) then finds them moved. Asynchronous steps call it before
+        generating ahead, so the training ranks get their data without waiting for that generation."""
+        self._new_step()
+        inside = {node.id for node in nodes}
+        for node in nodes:
+            for name in node.inputs:
+                producer = self.producer_of.get(name)
+                if producer is not None and producer.id not in inside:
+                    try:
+                        self._input(name, store, node)
+                    except Exception as exc:
+                        self._report(node.id, exc)
+                        raise
+
+    def _new_step(self) -> None:
+        if hasattr(self.mover, "new_step"):
+            self.mover.new_step()
+
+    def _report(self, node_id: str, exc: Exception) -> None:
+        if self.failure is not None:
+            self.failure.report(node_id, exc)
 
     def _input(self, name: str, store: dict, consumer: Node) -> Any:
         producer = self.producer_of.get(name)

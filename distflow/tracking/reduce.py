@@ -39,11 +39,17 @@ REDUCTIONS: tuple[tuple[re.Pattern, Reduction], ...] = tuple(
         (r"/min$|_min$", MIN),
         # The oldest weights behind any sample; the slowest rank's time is the step's time.
         (r"^rollout/weight_version$", MIN),
-        (r"^(rollout|sync)/seconds$", MAX),
+        (r"^(rollout|sync)/seconds$|^timing_s/", MAX),
         (r"^perf/(max_memory_\w+|cpu_memory_used)_gb$", MAX),  # the fullest rank is the one that runs out
-        (r"^rollout/(tokens|samples)$|^reward/(errors|timeouts|samples)$|^advantage/samples$", SUM),
+        (
+            r"^rollout/(tokens|samples|stale_dropped)$|^reward/(errors|timeouts|samples)$|^advantage/samples$",
+            SUM,
+        ),
         # Rollout / reward means are over each engine owner's own samples: weight by its sample count.
-        (r"^rollout/(response|prompt)_length/(mean|clip_ratio)$", _weighted_by("rollout/samples")),
+        (
+            r"^rollout/(response|prompt)_length/(mean|clip_ratio)$|^rollout/staleness_mean$",
+            _weighted_by("rollout/samples"),
+        ),
         (r"^reward/mean$", _weighted_by("reward/samples")),
         (r"^(advantage|reward/shaped)/mean$", _weighted_by("advantage/samples")),
         (r"^dapo/overlong_penalty$", _weighted_by("rollout/samples")),

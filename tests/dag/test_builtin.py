@@ -23,6 +23,8 @@ GRPO = [
     ("train_actor", "actor"),
     ("sync_weights", "all"),
 ]
+# With one update per step, the update's own forward gives the old log-probs: no old_logprob node.
+ONE_UPDATE = [node for node in GRPO if node[0] != "old_logprob"]
 GRPO_REF = GRPO[:3] + [("ref_logprob", "ref")] + GRPO[3:]
 GRPO_RM = [("generate", "rollout"), ("reward", "reward_model")] + GRPO[2:]
 TOKEN_LEVEL_REF = GRPO[:3] + [("ref_logprob", "ref"), ("advantage", "actor")] + GRPO[4:]
@@ -47,16 +49,21 @@ DAPO = [
     ("sync_weights", "all"),
 ]
 DAPO_REF = DAPO[:4] + [("ref_logprob", "ref")] + DAPO[4:]
+TWO_MINI = ["actor.mini_batch_size=32"]  # data.train_batch_size=64 by default: two updates per step
 
 CASES = [
-    ("grpo", [], GRPO),
-    ("grpo", REF, GRPO_REF),
-    ("grpo", RM, GRPO_RM),
+    ("grpo", [], ONE_UPDATE),
+    ("grpo", ["rollout.max_staleness=1"], ONE_UPDATE),
+    ("grpo", ["actor.ppo_epochs=2"], GRPO),
+    ("grpo", TWO_MINI, GRPO),
+    ("grpo", [*REF, *TWO_MINI], GRPO_REF),
+    ("grpo", [*RM, *TWO_MINI], GRPO_RM),
     ("grpo", ["algorithm.adv_estimator=reinforce_pp", *REF], TOKEN_LEVEL_REF),
-    ("rloo", ["algorithm.adv_estimator=rloo"], GRPO),
+    ("rloo", ["algorithm.adv_estimator=rloo"], ONE_UPDATE),
+    ("rloo", ["algorithm.adv_estimator=rloo", *TWO_MINI], GRPO),
     (
         "rloo",
-        ["algorithm.adv_estimator=rloo", *REF, *RM],
+        ["algorithm.adv_estimator=rloo", *REF, *RM, *TWO_MINI],
         GRPO_RM[:3] + [("ref_logprob", "ref")] + GRPO_RM[3:],
     ),
     (
@@ -69,7 +76,7 @@ CASES = [
         ["algorithm.adv_estimator=reinforce_pp", *REF, "algorithm.kl_in_reward=true"],
         TOKEN_LEVEL_REF,
     ),
-    ("reinforce_pp", ["algorithm.adv_estimator=reinforce_pp_baseline"], GRPO),
+    ("reinforce_pp", ["algorithm.adv_estimator=reinforce_pp_baseline", *TWO_MINI], GRPO),
     ("ppo", ["critic.enable=true", "algorithm.adv_estimator=gae"], PPO),
     ("ppo", ["critic.enable=true", "algorithm.adv_estimator=gae", *REF], PPO_REF),
     (
@@ -77,8 +84,9 @@ CASES = [
         ["critic.enable=true", "algorithm.adv_estimator=gae", *RM],
         PPO[:1] + [("reward", "reward_model")] + PPO[2:],
     ),
-    ("dapo", ["algorithm.dynamic_sampling=true"], DAPO),
-    ("dapo", ["algorithm.dynamic_sampling=true", *REF], DAPO_REF),
+    ("dapo", ["algorithm.dynamic_sampling=true", *TWO_MINI], DAPO),
+    ("dapo", ["algorithm.dynamic_sampling=true", *REF, *TWO_MINI], DAPO_REF),
+    ("dapo", ["algorithm.dynamic_sampling=true"], [node for node in DAPO if node[0] != "old_logprob"]),
 ]
 
 

@@ -69,10 +69,10 @@ def test_unresolvable_function_names_node():
 @pytest.mark.parametrize(
     "name, overrides, nodes",
     [
-        ("grpo", [], ["generate", "reward", "old_logprob", "advantage", "train_actor", "sync_weights"]),
+        ("grpo", [], ["generate", "reward", "advantage", "train_actor", "sync_weights"]),
         (
             "grpo",
-            ["algorithm.kl_coef=0.01"],
+            ["algorithm.kl_coef=0.01", "actor.ppo_epochs=2"],
             ["generate", "reward", "old_logprob", "ref_logprob", "advantage", "train_actor", "sync_weights"],
         ),
         (
@@ -91,7 +91,7 @@ def test_unresolvable_function_names_node():
         ),
         (
             "dapo",
-            ["algorithm.dynamic_sampling=true"],
+            ["algorithm.dynamic_sampling=true", "actor.ppo_epochs=2"],
             [
                 "generate",
                 "reward",
@@ -130,6 +130,7 @@ def test_show_prints_roles_and_layouts():
             "--world-size",
             "4",
             "rollout.engine_tp=2",
+            "actor.ppo_epochs=2",
         ],
         capture_output=True,
         text=True,

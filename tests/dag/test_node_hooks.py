@@ -59,7 +59,8 @@ def test_skip_step_ends_the_step_without_running_later_nodes():
 
 
 def test_dapo_nodes_read_the_kept_batch_as_samples():
-    pipeline = BUILTIN["dapo"](resolve(None, ["dag.pipeline=dapo", "algorithm.dynamic_sampling=true"]))
+    cfg = resolve(None, ["dag.pipeline=dapo", "algorithm.dynamic_sampling=true", "actor.ppo_epochs=2"])
+    pipeline = BUILTIN["dapo"](cfg)
     renamed = {n.id: dict(n.arg_names) for n in pipeline.nodes}
     assert renamed["old_logprob"] == {"kept_samples": "samples"}
     assert renamed["advantage"] == {"kept_samples": "samples", "kept_rewards": "rewards"}

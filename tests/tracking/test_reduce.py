@@ -16,6 +16,8 @@ def test_reduction_table():
     assert reduction_for("rollout/prompt_length/max") == MAX and reduction_for("advantage/min") == MIN
     assert reduction_for("rollout/tokens") == SUM and reduction_for("reward/timeouts") == SUM
     assert reduction_for("rollout/weight_version") == MIN and reduction_for("sync/seconds") == MAX
+    assert reduction_for("timing_s/generate") == MAX and reduction_for("rollout/stale_dropped") == SUM
+    assert reduction_for("rollout/staleness_max") == MAX
     assert reduction_for("reward/mean").weight == "reward/samples"
     assert reduction_for("rollout/response_length/clip_ratio").weight == "rollout/samples"
     assert reduction_for("perf/max_memory_allocated_gb") == MAX

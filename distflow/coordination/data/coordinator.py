@@ -4,7 +4,8 @@ consumer's, asynchronously.
 Everything (metadata all-gather, plan, transfer, unpack) runs on one background thread per
 DataCoordinator, on a process group of its own, so it overlaps the caller's compute and never interleaves
 with the training's collectives; transfers run in the order they were started, the same on every rank.
-(The trainer's data mover, distflow/dag/data_mover.py, still waits for each edge: `transfer`, lock-step.)
+(The trainer's data mover, distflow/dag/data_mover.py, waits for each edge: `transfer`. A step's rollout
+moves as the step starts, RankController.hand_off, before the engines generate ahead: rollout.max_staleness.)
 The bytes move as transport.py says (one message per peer and field, posted in one batch_isend_irecv).
 """
 

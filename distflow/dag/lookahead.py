@@ -1,0 +1,157 @@
+"""Bounded staleness: the rollouts of the next rollout.max_staleness steps run while this step trains.
+
+Every rank runs the same schedule, so no rank decides for the others and nothing is sent to agree on it.
+At step t, with k = rollout.max_staleness, a rank
+  1. takes step t's rollout: generated ahead, or now when none was (the first step, or k = 0);
+  2. hands it to the training stage: its data moves from the rollout layout to the training layouts;
+  3. runs the rollout stage (dag/stages.py) of every step up to t + k not generated yet, with the engines'
+     current weights;
+  4. runs the training stage of step t, which ends with the weight sync.
+In the disaggregated placement the engine ranks do 3 while the training ranks do 4: generation overlaps
+training. k = 0 is lock-step (1, 2, 4).
+
+The staleness bound: a rollout generated at engine weight version v trains at step t under the policy of
+version V, the engines' version before step t's sync (the same number on every rank). Step 3 makes V - v
+<= k; a rollout that would be older (a run resumed with a smaller bound) is dropped and generated again
+from its prompts with the current weights (rollout/stale_dropped).
+
+A rollout's metrics (rollout/*, reward/*, advantage/*) are logged with the step that trains on it, so step
+t's rows describe step t's samples whatever k; its nodes' timing_s are logged in the step they ran in.
+What is ahead is part of a checkpoint (state_dict): a resumed run trains on the very samples the
+uninterrupted run would have.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from distflow.dag.controller import RankController, StepResult
+from distflow.dag.stages import ROLLOUT_ROLES, rollout_stage
+from distflow.nodes.context import StepState
+
+
+@dataclass
+class Rollout:
+    """One step's rollout stage as this rank ran it."""
+
+    step: int
+    prompts: list | None
+    """This rank's prompts (engine owners; None elsewhere): generated again if the rollout turns stale."""
+    version: int
+    """The engines' weight version when it was generated (every rank alike)."""
+    outputs: dict[str, Any] = field(default_factory=dict)
+    """The stage's outputs on this rank (samples, rewards, outcome advantages, ...)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """What its nodes recorded; logged with the step that trains on it."""
+    skipped_at: str | None = None
+    """The node that ended it with SkipStep (dynamic sampling found too few groups): nothing to train."""
+
+
+@dataclass
+class _StepRecord:
+    """What a step's node runs took on this rank: seconds per node (summed over the rollouts it generated) and
+    their spans, each with the step whose data it worked on."""
+
+    timing: dict[str, float] = field(default_factory=dict)
+    spans: list[dict] = field(default_factory=list)
+
+    def add(self, result: StepResult, for_step: int) -> None:
+        for node_id, seconds in result.timing_s.items():
+            self.timing[node_id] = self.timing.get(node_id, 0.0) + seconds
+        self.spans += [{**span, "for_step": for_step} for span in result.spans]
+
+
+class LookaheadRollout:
+    """Runs one RL step at a time (`step`, collective) under the bound rollout.max_staleness."""
+
+    def __init__(self, controller: RankController, ctx, loader, max_staleness: int, total_steps: int):
+        self.controller, self.ctx, self.loader = controller, ctx, loader
+        self.max_staleness, self.total_steps = max_staleness, total_steps
+        stage = set(rollout_stage(controller.pipeline))
+        self.rollout_nodes = [n for n in controller.order if n.id in stage]
+        self.training_nodes = [n for n in controller.order if n.id not in stage]
+        self.ahead: dict[int, Rollout] = {}
+
+    def step(self, step: int) -> StepResult:
+        """Step `step` on this rank: its rollout handed to training, the rollouts ahead generated, then its
+        training stage. Records the step's rollout metrics, staleness and idle ratios into ctx.step."""
+        start, record = time.perf_counter(), _StepRecord()
+        rollout = self._take(step, record)
+        self.ctx.step.metrics.update(rollout.metrics)
+        if rollout.skipped_at is not None:
+            return StepResult(rollout.outputs, record.timing, rollout.skipped_at, record.spans)
+        handing, wall = time.perf_counter(), time.time()
+        self.controller.hand_off(rollout.outputs, self.training_nodes)
+        seconds = time.perf_counter() - handing
+        record.add(StepResult({}, {"hand_off": seconds}, spans=[_span("hand_off", wall, seconds)]), step)
+        for ahead in range(step + 1, min(step + self.max_staleness, self.total_steps) + 1):
+            if ahead not in self.ahead:
+                self.ahead[ahead] = self._generate(ahead, self._next_prompts(), record)
+        result = self.controller.run_nodes(self.training_nodes, rollout.outputs)
+        record.add(result, step)
+        self._record_idle(record.timing, time.perf_counter() - start)
+        return StepResult(result.outputs, record.timing, result.skipped_at, record.spans)
+
+    def _take(self, step: int, record: _StepRecord) -> Rollout:
+        """Step `step`'s rollout, within the bound; records its staleness on the ranks holding samples."""
+        rollout = self.ahead.pop(step, None)
+        current = self.ctx.workers.rollout.weight_version
+        dropped = 0.0
+        if rollout is not None and current - rollout.version > self.max_staleness:
+            dropped = rollout.metrics.get("rollout/samples", 0.0)
+            rollout = self._generate(step, rollout.prompts, record)
+        elif rollout is None:
+            rollout = self._generate(step, self._next_prompts(), record)
+        samples = rollout.outputs.get("samples")
+        if samples is not None and samples.infos:
+            staleness = [current - info.weight_version for info in samples.infos.values()]
+            rollout.metrics.update(
+                {
+                    "rollout/staleness_mean": sum(staleness) / len(staleness),
+                    "rollout/staleness_max": float(max(staleness)),
+                    "rollout/stale_dropped": dropped,
+                }
+            )
+        return rollout
+
+    def _generate(self, step: int, prompts, record: _StepRecord) -> Rollout:
+        """The rollout stage of `step` with the engines' current weights (its sampling seeds are step's)."""
+        training_state, self.ctx.step = self.ctx.step, StepState(step)
+        try:
+            version = self.ctx.workers.rollout.weight_version
+            result = self.controller.run_nodes(self.rollout_nodes, {"prompts": prompts})
+            rollout = Rollout(
+                step, prompts, version, result.outputs, self.ctx.step.metrics, result.skipped_at
+            )
+        finally:
+            self.ctx.step = training_state
+        record.add(result, step)
+        return rollout
+
+    def _next_prompts(self):
+        return next(self.loader) if self.loader is not None else None
+
+    def _record_idle(self, timing: dict, step_s: float) -> None:
+        """perf/engine_idle_ratio on engine owners, perf/trainer_idle_ratio on training ranks: the share of
+        the step not spent in this rank's own work (generation and scoring; the Megatron passes). Waiting
+        for data and the weight sync count as idle on both sides."""
+        busy = {"engine": 0.0, "trainer": 0.0}
+        for node in self.controller.order:
+            if node.role != "all" and self.controller.runs(node) and node.id in timing:
+                busy["engine" if node.role in ROLLOUT_ROLES else "trainer"] += timing[node.id]
+        workers = self.ctx.workers
+        if workers.rollout is not None and workers.rollout.owner:
+            self.ctx.record(**{"perf/engine_idle_ratio": max(0.0, 1.0 - busy["engine"] / step_s)})
+        if workers.actor is not None:
+            self.ctx.record(**{"perf/trainer_idle_ratio": max(0.0, 1.0 - busy["trainer"] / step_s)})
+
+    def state_dict(self) -> dict:
+        """The rollouts generated ahead on this rank (their samples, metrics and versions)."""
+        return {"max_staleness": self.max_staleness, "ahead": dict(self.ahead)}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        self.ahead = dict(state["ahead"]) if state else {}
+
+
+def _span(node: str, start: float, seconds: float) -> dict:
+    return {"node": node, "start": start, "end": start + seconds}
