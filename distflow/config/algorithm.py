@@ -73,13 +73,16 @@ def uses_reference(cfg) -> bool:
 def recomputes_old_logprobs(cfg) -> bool:
     """Whether each step runs the actor's separate old-log-prob forward before the update.
 
-    The pass is redundant when the update is one optimizer step (one epoch, one mini-batch) and nothing reads
-    the old log-probs before it (the outcome estimators): the update's own forward then runs the very weights
-    the pass would, on the same samples, and its detached log-probs serve as the old ones (the ratio starts
-    at 1, as it would). That holds for stale samples too (rollout.max_staleness > 0): the old log-probs are
-    the current policy's, not the sampling policy's, which the engine's rollout log-probs are. Several
-    mini-batches or epochs (the policy moves between them) and the token-level estimators need the pass."""
+    The token-level estimators (reinforce_pp, gae) read the old log-probs before the update: they always
+    need it. For the outcome estimators only the loss reads them, as the policy its ratio is taken against:
+    - stale samples (rollout.max_staleness > 0): that is the sampling policy, whose log-probs the engine
+      returned with the samples (nodes/train.py): no pass;
+    - on-policy, one optimizer step per batch (one epoch, one mini-batch): the update's own forward runs the
+      very weights the pass would, on the same samples; its detached log-probs serve (the ratio starts at 1,
+      as it would): no pass;
+    - on-policy, several mini-batches or epochs: the policy moves between them, the pass runs."""
+    if ESTIMATORS[cfg.algorithm.adv_estimator].kind != "outcome":
+        return True
     actor = cfg.actor
     one_update = actor.ppo_epochs == 1 and actor.mini_batch_size in (0, cfg.data.train_batch_size)
-    outcome = ESTIMATORS[cfg.algorithm.adv_estimator].kind == "outcome"
-    return not (one_update and outcome)
+    return cfg.rollout.max_staleness == 0 and not one_update

@@ -1,8 +1,12 @@
 """train_actor: one policy update over the moved batch (mini-batches and micro-batches inside the worker).
 
-Without an old_logprobs input (the pipeline skipped that pass: distflow.config.algorithm.
-recomputes_old_logprobs) the update's own forward is the old policy's: its detached log-probs are the old
-ones, and it reports the engine-vs-actor metrics the skipped pass would have (nodes/logprob.py)."""
+The log-probs the PPO ratio is taken against (distflow.config.algorithm.recomputes_old_logprobs says when
+the old_logprob pass runs):
+- stale samples (rollout.max_staleness > 0): the sampling policy's, the engine's rollout log-probs, so
+  clipping bounds the update's distance from the policy that sampled (docs/async.md);
+- on-policy: the policy's before the update: the old_logprob pass's, or, where the pipeline skips that
+  pass (one update per batch), the update's own forward, detached.
+Without the pass, the update's forward also reports the engine-vs-actor metrics (nodes/logprob.py)."""
 
 from distflow.algorithms.policy_loss import policy_loss
 from distflow.batch import to_padded
@@ -17,8 +21,13 @@ def train_actor(ctx, inputs):
     else:  # one outcome advantage per sample, on each of its response tokens
         batch["advantages"] = advantages.sorted_by_id().fields["advantages"][:, None] * batch["response_mask"]
     recomputed = "old_logprobs" in inputs
-    if recomputed:
+    if ctx.cfg.rollout.max_staleness > 0:
+        ratio_against = "rollout_logprobs"
+    elif recomputed:
         batch["old_logprobs"] = inputs["old_logprobs"]
+        ratio_against = "old_logprobs"
+    else:
+        ratio_against = None  # the update's own forward
     if "ref_logprobs" in inputs:
         batch["ref_logprobs"] = inputs["ref_logprobs"]
     algo = ctx.cfg.algorithm
@@ -26,7 +35,7 @@ def train_actor(ctx, inputs):
     def loss_fn(logprobs, entropy, mb):
         loss, metrics = policy_loss(
             logprobs,
-            mb["old_logprobs"] if recomputed else logprobs.detach(),
+            mb[ratio_against] if ratio_against else logprobs.detach(),
             mb["advantages"],
             mb["response_mask"],
             algo,

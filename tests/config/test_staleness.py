@@ -65,7 +65,9 @@ def test_the_start_up_line_says_what_the_bound_does_in_each_placement():
     [
         ([], False),  # one update of an outcome estimator: the update's forward gives them
         (["actor.mini_batch_size=64"], False),  # the whole batch (data.train_batch_size=64)
-        (["rollout.max_staleness=1"], False),  # stale samples: still the current policy's log-probs
+        # Stale samples: the ratio is against the sampling policy, whose log-probs the engine returned.
+        (["rollout.max_staleness=1"], False),
+        (["rollout.max_staleness=1", "actor.ppo_epochs=2", "actor.mini_batch_size=16"], False),
         (["actor.ppo_epochs=2"], True),
         (["actor.mini_batch_size=16"], True),
         (

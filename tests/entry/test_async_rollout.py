@@ -7,15 +7,22 @@ SGLang engine rank, GRPO on the tiny copy task), at rollout.max_staleness 1 and 
   fresh job resumed from it gives steps 3 and 4 the straight run's metrics (<= 1e-6).
 - Resumed with a smaller bound (k=2's checkpoint at k=1), the batches that would be too old are dropped and
   generated again (rollout/stale_dropped) and no step trains on samples older than the new bound.
+- The engine dies while its rank holds a rollout generated ahead: every rank stops within seconds with the
+  engine's error, and the last checkpoint (with the rollout it had in flight) is intact.
 """
 
 import json
+import os
 import shutil
+import time
+from pathlib import Path
 
 import pytest
+import torch
 
+from distflow.checkpointing.trainer_state import read_meta
 from distflow.testing.copy_task import copy_task
-from distflow.testing.launch import torchrun
+from distflow.testing.launch import JobFailed, torchrun
 
 # Wall-clock metrics differ between any two runs; everything else must match.
 _TIMED = ("timing_s/", "perf/", "sync/seconds", "sync/gbps", "rollout/seconds")
@@ -47,12 +54,13 @@ def task(tmp_path_factory):
     return tmp, common
 
 
-def _train(common, out, *extra):
+def _train(common, out, *extra, env=None):
     return torchrun(
         "distflow.train",
         nproc=2,
         module=True,
         timeout_s=600,
+        env=env,
         args=[*common, f"trainer.output_dir={out}", *extra],
     )
 
@@ -109,3 +117,30 @@ def test_staleness_bound_and_exact_resume_in_flight(task, k):
             # current weights.
             assert c[step]["rollout/stale_dropped"] == SAMPLES, c[step]
             assert c[step]["rollout/staleness_max"] <= 1, c[step]
+
+
+@pytest.mark.slow
+def test_an_engine_dying_with_rollouts_in_flight_stops_every_rank(task):
+    tmp, common = task
+    out = tmp / "engine_dies"
+    # 16 scores per rollout: steps 1 and 2 score rollouts 1-3 (k=1), the step-2 checkpoint holds rollout 3;
+    # step 3 generates rollout 4 ahead and the 49th score, its first, kills the engine. The next engine call
+    # (step 3's weight sync, into the dead engine) fails on the engine rank while the training rank is in it.
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+        "DISTFLOW_TEST_KILL_COUNTER": str(tmp / "scores"),
+        "DISTFLOW_TEST_KILL_AT": "49",
+    }
+    start = time.monotonic()
+    with pytest.raises(JobFailed) as failed:
+        _train(common, out, "rollout.max_staleness=1", "reward.custom=engine_killing_scorer:score", env=env)
+    seconds = time.monotonic() - start
+    log = str(failed.value)
+    # The sync's own error exchange ends both ranks with the engine rank's error, the engine named.
+    assert "weight sync to version 4 failed on rank 1: EngineDiedError" in log, log[-3000:]
+    assert seconds < 300, seconds  # start-up included; a rank left waiting would hold on for 600 s
+    checkpoints = out / "checkpoints"
+    assert (checkpoints / "latest").read_text().strip() == "step_2"
+    assert read_meta(checkpoints / "step_2")["step"] == 2
+    engine_rank = torch.load(checkpoints / "step_2" / "rank_1.pt", weights_only=False)
+    assert sorted(engine_rank["rank_state"]["rollouts_ahead"]["ahead"]) == [3]  # the rollout in flight
