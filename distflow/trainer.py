@@ -63,8 +63,9 @@ class Trainer:
         self.run_ctx, self.cfg, self.ctx, self.controller = run_ctx, run_ctx.cfg, ctx, controller
         self.prompts, self.tracker, self.checkpointer = prompts, tracker, checkpointer
         self.coordinator, self.failure = coordinator, failure
+        r = self.cfg.rollout
         self.rollouts = LookaheadRollout(
-            controller, ctx, prompts.loader, self.cfg.rollout.max_staleness, self.cfg.trainer.total_steps
+            controller, ctx, prompts.loader, r.max_staleness, self.cfg.trainer.total_steps, r.partial
         )
         workers = ctx.workers
         # What a checkpoint holds: the trained roles, and the reference when it is the warmed-up actor's copy
@@ -171,6 +172,7 @@ class Trainer:
                 self.tracker.log_samples(val_rows, step)
             self.tracker.log(metrics, step)
             if self.checkpointer.should_save(step, total):
+                self.rollouts.settle()  # partial rollouts in flight: their samples go into the checkpoint
                 self.checkpointer.save(
                     step,
                     self.checkpointed,
@@ -238,6 +240,11 @@ def describe_staleness(cfg) -> str:
         f"rollout.max_staleness={k}: the engines generate the batches of the next {k} step(s) while this "
         f"step trains; every sample is at most {k} weight version(s) older than the policy that trains on it"
     )
+    if cfg.rollout.partial:
+        what += (
+            "; partial rollouts: the weight sync interrupts the generation in flight and it continues under "
+            "the new weights (rollout/partial_fraction: the share of tokens sampled before such a sync)"
+        )
     if cfg.rollout.placement == "colocated":
         return what + (
             " (colocated placement: engines and trainer take turns on the same devices, so generation does not "

@@ -1,12 +1,14 @@
 """Benchmarks bounded staleness: the same tiny GRPO job on CPU at rollout.max_staleness 0, 1 and 2, in one run.
 
-Example: python tools/bench_async.py --steps 12
+Example: python tools/bench_async.py --steps 12          (add partial rollouts: --staleness 0,1,1p)
 
 Each job is `distflow.train` on the copy task (examples/configs/grpo_copy_cpu.yaml) in the disaggregated
 placement, 2 processes: rank 0 trains (Megatron actor, TP=1), rank 1 hosts one SGLang engine (TP=1), one
 thread each. At max_staleness 0 they take turns (the engine idles while the actor trains, and the other way
 round); at k > 0 the engine generates the next k batches while the actor trains, so a step costs about
-max(generation, training) instead of their sum: the limit is 2x when the two take equal time. The default
+max(generation, training) instead of their sum: the limit is 2x when the two take equal time. A level "kp"
+runs k with partial rollouts (rollout.partial): the weight sync interrupts the generation in flight, which
+continues under the new weights (rollout/partial_fraction: the share of tokens sampled before a sync). The default
 sizes make them about equal on this 2-core machine. With more busy processes than cores, the overlap is
 bounded by the cores, not by DistFlow: keep one training rank and one engine rank on 2 cores.
 
@@ -20,6 +22,7 @@ the actor's passes overlapped the engine's generation. Last line: the ratios ove
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -37,7 +40,11 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12, help="RL steps per job")
     parser.add_argument("--skip", type=int, default=3, help="first steps left out of the rates")
-    parser.add_argument("--staleness", default="0,1,2", help="the max_staleness values, comma-separated")
+    parser.add_argument(
+        "--staleness",
+        default="0,1,2",
+        help="the max_staleness values, comma-separated; 'kp': k with partial rollouts",
+    )
     parser.add_argument("--batch", type=int, default=16, help="prompts per step (data.train_batch_size)")
     parser.add_argument("--n", type=int, default=8, help="samples per prompt (rollout.n)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
@@ -48,26 +55,30 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.steps <= args.skip + 1:
         parser.error(f"--steps={args.steps} must exceed --skip={args.skip} + 1 to leave steps to measure")
-    levels = [int(k) for k in args.staleness.split(",")]
-    if 0 not in levels:
-        levels.insert(0, 0)  # the baseline the ratios are over
+    levels = [level.strip() for level in args.staleness.split(",")]
+    for level in levels:
+        if not level.rstrip("p").isdigit() or level == "0p":
+            parser.error(f"--staleness: {level!r} is not k or kp (k >= 0; kp: k >= 1 with partial rollouts)")
+    if "0" not in levels:
+        levels.insert(0, "0")  # the baseline the ratios are over
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_async_"))
     model, data = _task(work, args)
     results = {}
     for k in levels:
         out = work / f"staleness_{k}"
+        shutil.rmtree(out, ignore_errors=True)  # a --work-dir used before: its checkpoints would be resumed
         print(f"[bench_async] max_staleness={k}: {args.steps} steps ...", flush=True)
         _train(model, data, out, k, args)
         results[k] = _summarize(out, args.skip, args.steps)
         _print_job(k, results[k])
         _print_timeline(out, args.steps - 1)
-    base = results[0]
+    base = results["0"]
     ratios = ", ".join(
         f"max_staleness={k}: {results[k]['steps_per_s'] / base['steps_per_s']:.2f}x steps/s, "
         f"{results[k]['tokens_per_s'] / base['tokens_per_s']:.2f}x tokens/s"
         for k in levels
-        if k != 0
+        if k != "0"
     )
     print(f"ratios over max_staleness=0 ({len(base['steps'])} steady steps each): {ratios}")
 
@@ -94,7 +105,8 @@ def _task(work: Path, args) -> tuple[Path, Path]:
     return model, data
 
 
-def _train(model: Path, data: Path, out: Path, k: int, args) -> None:
+def _train(model: Path, data: Path, out: Path, level: str, args) -> None:
+    k, partial = int(level.rstrip("p")), level.endswith("p")
     torchrun(
         "distflow.train",
         nproc=2,
@@ -113,6 +125,7 @@ def _train(model: Path, data: Path, out: Path, k: int, args) -> None:
             "rollout.num_ranks=1",
             "actor.tp=1",
             f"rollout.max_staleness={k}",
+            f"rollout.partial={str(partial).lower()}",
             f"data.train_batch_size={args.batch}",
             f"rollout.n={args.n}",
             f"rollout.max_new_tokens={args.max_new_tokens}",
@@ -137,19 +150,22 @@ def _summarize(out: Path, skip: int, steps: int) -> dict:
         "steps_per_s": len(steady) / seconds,
         "tokens_per_s": sum(r["rollout/tokens"] for r in steady) / seconds,
         "node_s": {n: statistics.mean(r.get(f"timing_s/{n}", 0.0) for r in steady) for n in nodes},
-        "engine_idle": statistics.mean(r["perf/engine_idle_ratio"] for r in steady),
+        # Not recorded with partial rollouts (the engine generates while its rank waits in the sync).
+        "engine_idle": statistics.mean(r.get("perf/engine_idle_ratio", float("nan")) for r in steady),
         "trainer_idle": statistics.mean(r["perf/trainer_idle_ratio"] for r in steady),
         "staleness_max": max(r["rollout/staleness_max"] for r in steady),
         "reward": statistics.mean(r["reward/mean"] for r in steady),
+        "partial_fraction": statistics.mean(r.get("rollout/partial_fraction", 0.0) for r in steady),
     }
 
 
-def _print_job(k: int, s: dict) -> None:
+def _print_job(k: str, s: dict) -> None:
     nodes = ", ".join(f"{n} {v:.3f}" for n, v in s["node_s"].items() if n != "step")
     print(
         f"  max_staleness={k}: {s['steps_per_s']:.3f} steps/s, {s['tokens_per_s']:.0f} tokens/s, "
         f"{s['node_s']['step']:.3f} s/step; idle: engine {s['engine_idle']:.2f}, trainer "
-        f"{s['trainer_idle']:.2f}; staleness max {s['staleness_max']:.0f}; reward {s['reward']:.3f}\n"
+        f"{s['trainer_idle']:.2f}; staleness max {s['staleness_max']:.0f}; partial tokens "
+        f"{s['partial_fraction']:.2f}; reward {s['reward']:.3f}\n"
         f"    seconds per node (the slowest rank): {nodes}"
     )
 

@@ -8,8 +8,9 @@ if checkpointer.should_save(step, total_steps):
     checkpointer.save(step, workers, loader, tracker.run_id)
 """
 
+from distflow.checkpointing import manifest
 from distflow.checkpointing.directory import CheckpointDirectory, resolve_resume
 from distflow.checkpointing.errors import CheckpointError
 from distflow.checkpointing.trainer_state import Checkpointer
 
-__all__ = ["Checkpointer", "CheckpointDirectory", "CheckpointError", "resolve_resume"]
+__all__ = ["Checkpointer", "CheckpointDirectory", "CheckpointError", "manifest", "resolve_resume"]

@@ -6,7 +6,8 @@ One checkpoint folder (step_<N>, see directory.py) holds:
                      tools/convert_megatron_to_hf.py exports it and <role>.load starts from it
     rank_<r>.pt      rank r's own state: RNG streams, its prompt loader's position, the LR schedulers, and
                      the rollouts it generated ahead (rollout.max_staleness > 0)
-    meta.json        step, tracker run id, world size and each role's layout and model (written last)
+    meta.json        step, tracker run id, world size and each role's layout and model
+    manifest.json    every file's size and SHA-256 (written last; resume checks it: manifest.py)
 Every rank calls save/restore together. Resuming needs the same world size, layouts and model: the per-rank
 files are tied to ranks (a different layout gets a CheckpointError naming what differs).
 """
@@ -18,7 +19,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from distflow.checkpointing.directory import META_FILE, CheckpointDirectory, resolve_resume
+from distflow.checkpointing import manifest
+from distflow.checkpointing.directory import (
+    META_FILE,
+    CheckpointDirectory,
+    resolve_resume,
+    structure_problems,
+)
 from distflow.checkpointing.errors import CheckpointError
 from distflow.checkpointing.model_folder import record_hf_source
 from distflow.checkpointing.rng import capture_rng_state, restore_rng_state
@@ -58,15 +65,23 @@ class Checkpointer:
             )
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.directory = CheckpointDirectory.of_run(output_dir)
-        self.resume_from = resolve_resume(cfg.resume, output_dir)
+        self.resume_from = resolve_resume(cfg.resume, output_dir, check=self._problems)
         self.meta = read_meta(self.resume_from) if self.resume_from is not None else None
         self.rank_state: dict = {}
         """After restore: the `rank_state` this rank saved (empty for a fresh run)."""
 
+    def _problems(self, folder: Path) -> list[str]:
+        """A checkpoint's problems: its structure, then (checkpoint.checksums) its bytes, read by all ranks."""
+        problems = structure_problems(folder)
+        if problems or not self.cfg.checksums:
+            return problems
+        return manifest.check(folder, checksums=True)
+
     def tracker_resume(self) -> dict:
-        """Tracker keyword arguments: the run id and step to continue, or none for a fresh run."""
+        """Tracker keyword arguments: the run id and step to continue; a fresh run continues step 0 (rows a
+        crashed attempt logged before its first checkpoint are dropped)."""
         if self.meta is None:
-            return {}
+            return {"resume_step": 0}
         return {"run_id": self.meta["run_id"], "resume_step": self.meta["step"]}
 
     def restore(self, workers: dict, loader) -> int:
@@ -134,6 +149,10 @@ class Checkpointer:
                 **extra,
             }
             (staging / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        dist.barrier()
+        entries = manifest.describe(staging, checksums=self.cfg.checksums)  # every rank hashes its share
+        if self.rank == 0:
+            manifest.write(staging, entries)
             self.directory.commit(step, self.cfg.keep_last)
         dist.barrier()
         return self.directory.final(step)

@@ -160,8 +160,10 @@ class RolloutConfig:
         "+ n x max_new_tokens) stay below this (at least one chunk; one at a time where seeded samples depend "
         "on the batch, as on CPU).",
     )
-    balance_timeout_s: float = option(
-        3600.0, "Longest wait for other engines' chunk plans, stolen chunks' samples and totals in a step."
+    balance_timeout_s: Optional[float] = option(
+        None,
+        "Longest wait for other engines' chunk plans, stolen chunks' samples and totals in a step; null: "
+        "trainer.dist_timeout_s (the job's bound on every wait).",
     )
     max_staleness: int = option(
         0,
@@ -170,6 +172,14 @@ class RolloutConfig:
         "generate the batches of the next k steps while the trainer trains this one (disaggregated "
         "placement: generation overlaps training; colocated: the devices are time-shared, so nothing "
         "overlaps). See docs/async.md.",
+    )
+    partial: bool = option(
+        False,
+        "Partial rollouts (max_staleness > 0, disaggregated): the rollouts generated ahead stay in flight "
+        "through the weight sync; it interrupts them and they continue under the new weights, each token "
+        "tagged with the version that sampled it (rollout/partial_fraction). The sync then never waits for "
+        "generation to end; where it falls depends on timing, so samples are not bit-reproducible. See "
+        "docs/async.md.",
     )
     engine_nnodes: int = option(
         1,
@@ -329,7 +339,15 @@ class TrackingConfig:
 class CheckpointConfig:
     save_every: int = option(0, "Save every k steps; 0 saves only at the end.")
     keep_last: int = option(2, "Checkpoints to keep.")
-    resume: str = option("auto", "auto (latest in output_dir if any), never, or a checkpoint path.")
+    resume: str = option(
+        "auto",
+        "auto (the newest intact checkpoint in output_dir, if any), never, or a checkpoint path.",
+    )
+    checksums: bool = option(
+        True,
+        "Record every checkpoint file's SHA-256 in its manifest and check them on resume (each rank reads "
+        "its share of the files once per save and resume); false: file names and sizes only.",
+    )
     export_hf: bool = option(True, "Export the final actor to Hugging Face safetensors.")
 
 

@@ -76,7 +76,8 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
     _positive("rollout.n", r.n)
     _positive("rollout.balance_chunk_prompts", r.balance_chunk_prompts)
     _positive("rollout.balance_outstanding_tokens", r.balance_outstanding_tokens)
-    _positive("rollout.balance_timeout_s", r.balance_timeout_s)
+    if r.balance_timeout_s is not None:
+        _positive("rollout.balance_timeout_s", r.balance_timeout_s)
     if r.engine_nnodes < 1 or r.engine_tp % r.engine_nnodes:
         raise ConfigError(
             f"rollout.engine_nnodes={r.engine_nnodes} must be >= 1 and divide rollout.engine_tp="
@@ -140,6 +141,8 @@ def _check_staleness(cfg: DistFlowConfig) -> None:
             f"rollout.max_staleness={r.max_staleness} must be >= 0 (0: lock-step, k: samples up to k "
             "weight versions old)"
         )
+    if r.partial:
+        _check_partial(cfg)
     if r.max_staleness == 0:
         return
     if a.dynamic_sampling:
@@ -159,6 +162,33 @@ def _check_staleness(cfg: DistFlowConfig) -> None:
             "disaggregated placement: it whitens the advantages with a collective over every rank where the "
             "samples were scored, so the training ranks would wait for each future step's rollout; use grpo "
             "or rloo (group baselines, no collective), or rollout.max_staleness=0"
+        )
+
+
+def _check_partial(cfg: DistFlowConfig) -> None:
+    """rollout.partial: where a weight sync can land while the engines generate (docs/async.md)."""
+    r = cfg.rollout
+    if r.max_staleness == 0:
+        raise ConfigError(
+            "rollout.partial=true needs rollout.max_staleness >= 1: in lock-step every rollout ends before the "
+            "weight sync, so none is ever in flight across one"
+        )
+    if r.placement != "disaggregated":
+        raise ConfigError(
+            "rollout.partial=true needs rollout.placement=disaggregated: colocated engines share their devices "
+            "with training, which cannot run while the engines still generate"
+        )
+    engines = r.num_ranks // max(r.engine_tp, 1)
+    if r.balance == "steal" and engines > 1:
+        raise ConfigError(
+            f"rollout.partial=true with rollout.balance=steal and {engines} engines: engines steal chunks "
+            "while they generate, which a rollout left in flight cannot do; set rollout.balance=partition"
+        )
+    mode = r.sglang.get("disaggregation_mode")
+    if mode not in (None, "null"):
+        raise ConfigError(
+            f"rollout.partial=true with rollout.sglang.disaggregation_mode={mode!r}: a prefill/decode-split "
+            "engine cannot interrupt and continue requests from their prefix; drop one of them"
         )
 
 

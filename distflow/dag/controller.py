@@ -78,7 +78,7 @@ class RankController:
             except SkipStep:
                 skipped_at = node.id
             except Exception as exc:
-                self._report(node.id, exc)
+                self.report(node.id, exc)
                 raise
             finally:
                 timing[node.id] = time.perf_counter() - start
@@ -101,14 +101,15 @@ class RankController:
                     try:
                         self._input(name, store, node)
                     except Exception as exc:
-                        self._report(node.id, exc)
+                        self.report(node.id, exc)
                         raise
 
     def _new_step(self) -> None:
         if hasattr(self.mover, "new_step"):
             self.mover.new_step()
 
-    def _report(self, node_id: str, exc: Exception) -> None:
+    def report(self, node_id: str, exc: Exception) -> None:
+        """Tells every rank that this one failed in `node_id` (they stop instead of waiting on it)."""
         if self.failure is not None:
             self.failure.report(node_id, exc)
 

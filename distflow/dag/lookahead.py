@@ -10,6 +10,11 @@ At step t, with k = rollout.max_staleness, a rank
 In the disaggregated placement the engine ranks do 3 while the training ranks do 4: generation overlaps
 training. k = 0 is lock-step (1, 2, 4).
 
+Partial rollouts (rollout.partial): in 3 the engine owners only submit the rollouts ahead to their engines
+(RolloutWorker.submit) and go on to 4 at once; step 4's weight sync interrupts them, loads, and continues
+them under the new weights (workers/rollout/partial_generation.py). The rest of such a rollout's stage (its
+samples collected, scored, its advantages) runs when a step takes it, or before a checkpoint (`settle`).
+
 The staleness bound: a rollout generated at engine weight version v trains at step t under the policy of
 version V, the engines' version before step t's sync (the same number on every rank). Step 3 makes V - v
 <= k; a rollout that would be older (a run resumed with a smaller bound) is dropped and generated again
@@ -45,6 +50,8 @@ class Rollout:
     """What its nodes recorded; logged with the step that trains on it."""
     skipped_at: str | None = None
     """The node that ended it with SkipStep (dynamic sampling found too few groups): nothing to train."""
+    submitted: bool = False
+    """Partial rollouts: only submitted to the engines; its stage has not run yet."""
 
 
 @dataclass
@@ -64,9 +71,17 @@ class _StepRecord:
 class LookaheadRollout:
     """Runs one RL step at a time (`step`, collective) under the bound rollout.max_staleness."""
 
-    def __init__(self, controller: RankController, ctx, loader, max_staleness: int, total_steps: int):
+    def __init__(
+        self,
+        controller: RankController,
+        ctx,
+        loader,
+        max_staleness: int,
+        total_steps: int,
+        partial: bool = False,
+    ):
         self.controller, self.ctx, self.loader = controller, ctx, loader
-        self.max_staleness, self.total_steps = max_staleness, total_steps
+        self.max_staleness, self.total_steps, self.partial = max_staleness, total_steps, partial
         stage = set(rollout_stage(controller.pipeline))
         self.rollout_nodes = [n for n in controller.order if n.id in stage]
         self.training_nodes = [n for n in controller.order if n.id not in stage]
@@ -86,7 +101,11 @@ class LookaheadRollout:
         record.add(StepResult({}, {"hand_off": seconds}, spans=[_span("hand_off", wall, seconds)]), step)
         for ahead in range(step + 1, min(step + self.max_staleness, self.total_steps) + 1):
             if ahead not in self.ahead:
-                self.ahead[ahead] = self._generate(ahead, self._next_prompts(), record)
+                prompts = self._next_prompts()
+                if self.partial:
+                    self.ahead[ahead] = self._submit(ahead, prompts)
+                else:
+                    self.ahead[ahead] = self._generate(ahead, prompts, record)
         result = self.controller.run_nodes(self.training_nodes, rollout.outputs)
         record.add(result, step)
         self._record_idle(record.timing, time.perf_counter() - start)
@@ -98,8 +117,12 @@ class LookaheadRollout:
         current = self.ctx.workers.rollout.weight_version
         dropped = 0.0
         if rollout is not None and current - rollout.version > self.max_staleness:
+            if rollout.submitted:
+                self.ctx.workers.rollout.cancel(step)
             dropped = rollout.metrics.get("rollout/samples", 0.0)
             rollout = self._generate(step, rollout.prompts, record)
+        elif rollout is not None and rollout.submitted:
+            rollout = self._generate(step, rollout.prompts, record, version=rollout.version)
         elif rollout is None:
             rollout = self._generate(step, self._next_prompts(), record)
         samples = rollout.outputs.get("samples")
@@ -114,11 +137,13 @@ class LookaheadRollout:
             )
         return rollout
 
-    def _generate(self, step: int, prompts, record: _StepRecord) -> Rollout:
-        """The rollout stage of `step` with the engines' current weights (its sampling seeds are step's)."""
+    def _generate(self, step: int, prompts, record: _StepRecord, version: int | None = None) -> Rollout:
+        """The rollout stage of `step` with the engines' current weights (its sampling seeds are step's); of
+        a submitted rollout (partial), with `version` the engines' version at its submission."""
         training_state, self.ctx.step = self.ctx.step, StepState(step)
         try:
-            version = self.ctx.workers.rollout.weight_version
+            if version is None:
+                version = self.ctx.workers.rollout.weight_version
             result = self.controller.run_nodes(self.rollout_nodes, {"prompts": prompts})
             rollout = Rollout(
                 step, prompts, version, result.outputs, self.ctx.step.metrics, result.skipped_at
@@ -128,25 +153,48 @@ class LookaheadRollout:
         record.add(result, step)
         return rollout
 
+    def _submit(self, step: int, prompts) -> Rollout:
+        """Partial rollouts: step's requests sent to the engines (owners), its stage left for later."""
+        try:
+            self.ctx.workers.rollout.submit(prompts or [], self.ctx.tokenizer.eos_token_id, step)
+        except Exception as exc:  # outside any node: the other ranks must hear of it as of a node's failure
+            self.controller.report("generate", exc)
+            raise
+        return Rollout(step, prompts, self.ctx.workers.rollout.weight_version, submitted=True)
+
+    def settle(self) -> None:
+        """Runs the stage of every submitted rollout (collective, every rank alike): before a checkpoint, so
+        it saves their samples. Their remaining tokens are sampled with the weights they would have had."""
+        for step in sorted(self.ahead):
+            rollout = self.ahead[step]
+            if rollout.submitted:
+                self.ahead[step] = self._generate(
+                    step, rollout.prompts, _StepRecord(), version=rollout.version
+                )
+
     def _next_prompts(self):
         return next(self.loader) if self.loader is not None else None
 
     def _record_idle(self, timing: dict, step_s: float) -> None:
-        """perf/engine_idle_ratio on engine owners, perf/trainer_idle_ratio on training ranks: the share of
-        the step not spent in this rank's own work (generation and scoring; the Megatron passes). Waiting
-        for data and the weight sync count as idle on both sides."""
+        """perf/engine_idle_ratio on engine owners (not with partial rollouts), perf/trainer_idle_ratio on
+        training ranks: the share of the step not spent in this rank's own work (generation and scoring; the
+        Megatron passes). Waiting for data and the weight sync count as idle on both sides."""
         busy = {"engine": 0.0, "trainer": 0.0}
         for node in self.controller.order:
             if node.role != "all" and self.controller.runs(node) and node.id in timing:
                 busy["engine" if node.role in ROLLOUT_ROLES else "trainer"] += timing[node.id]
         workers = self.ctx.workers
-        if workers.rollout is not None and workers.rollout.owner:
+        # Partial rollouts generate while the engine rank waits in the sync: its node times do not show that.
+        if workers.rollout is not None and workers.rollout.owner and not self.partial:
             self.ctx.record(**{"perf/engine_idle_ratio": max(0.0, 1.0 - busy["engine"] / step_s)})
         if workers.actor is not None:
             self.ctx.record(**{"perf/trainer_idle_ratio": max(0.0, 1.0 - busy["trainer"] / step_s)})
 
     def state_dict(self) -> dict:
-        """The rollouts generated ahead on this rank (their samples, metrics and versions)."""
+        """The rollouts generated ahead on this rank (their samples, metrics and versions); submitted ones
+        must be settled first."""
+        if any(rollout.submitted for rollout in self.ahead.values()):
+            raise RuntimeError("LookaheadRollout.state_dict: settle() the submitted rollouts first")
         return {"max_staleness": self.max_staleness, "ahead": dict(self.ahead)}
 
     def load_state_dict(self, state: dict | None) -> None:

@@ -37,6 +37,8 @@ def generate_samples(ctx, prompts) -> tuple:
         "rollout/weight_version": min((i.weight_version for i in infos), default=rollout.weight_version),
         "rollout/seconds": time.perf_counter() - start,
     }
+    if ctx.cfg.rollout.partial:
+        metrics["rollout/partial_fraction"] = partial_fraction(infos)
     stats = rollout.balance_stats
     if stats is not None:  # several engines: the same totals over all engines on every owner
         per_engine = stats["engine_tokens"]
@@ -48,3 +50,15 @@ def generate_samples(ctx, prompts) -> tuple:
             }
         )
     return samples, {k: float(v) for k, v in metrics.items()}
+
+
+def partial_fraction(infos) -> float:
+    """The share of response tokens sampled under an older weight version than their sample's last tokens:
+    those generated before a weight sync that interrupted their sample (partial rollouts)."""
+    older = total = 0
+    for info in infos:
+        versions = info.token_versions or []
+        total += len(info.response_ids)
+        if versions:
+            older += sum(v < versions[-1] for v in versions)
+    return older / total if total else 0.0

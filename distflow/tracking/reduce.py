@@ -47,7 +47,7 @@ REDUCTIONS: tuple[tuple[re.Pattern, Reduction], ...] = tuple(
         ),
         # Rollout / reward means are over each engine owner's own samples: weight by its sample count.
         (
-            r"^rollout/(response|prompt)_length/(mean|clip_ratio)$|^rollout/staleness_mean$",
+            r"^rollout/(response|prompt)_length/(mean|clip_ratio)$|^rollout/(staleness_mean|partial_fraction)$",
             _weighted_by("rollout/samples"),
         ),
         (r"^reward/mean$", _weighted_by("reward/samples")),

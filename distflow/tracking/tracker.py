@@ -17,7 +17,8 @@ a verl twin under verl's name instead (distflow/tracking/aliases.py: reward/mean
 TensorBoard also gets the run's config as a text summary; W&B gets it as the run config.
 
 Resume: construct with the `run_id` and last step saved in the checkpoint. JSONL appends to the same file
-(dropping lines after `resume_step`, logged before a crash but not checkpointed), TensorBoard purges events
+(moving lines after `resume_step`, logged before a crash but not checkpointed, to `<file>.dropped`; a fresh
+run passes resume_step 0), TensorBoard purges events
 after it, and W&B resumes the same run id.
 """
 
@@ -238,6 +239,8 @@ class _Jsonl:
 
 
 def _open_for_append(path: Path, resume_step: int | None):
+    """Opens `path` to append after its whole records up to resume_step. The records after it (logged by an
+    attempt that crashed before its next checkpoint) move to `<name>.dropped`, so nothing logged is lost."""
     if path.exists():
         text = path.read_text()
         # A crash can leave a torn last line; keep whole records only, and none after resume_step.
@@ -247,6 +250,14 @@ def _open_for_append(path: Path, resume_step: int | None):
             for line, step in steps
             if step is not None and (resume_step is None or step <= resume_step)
         )
+        dropped = "".join(
+            line + "\n"
+            for line, step in steps
+            if step is not None and resume_step is not None and step > resume_step
+        )
+        if dropped:
+            with open(path.with_name(path.name + ".dropped"), "a") as f:
+                f.write(dropped)
         if kept != text:
             path.write_text(kept)
     return open(path, "a")

@@ -1,12 +1,20 @@
-"""The checkpoints folder without processes: commit by rename, atomic `latest`, pruning, resume lookup and the
-errors for resume sources that cannot be used (missing, not a checkpoint, another run's layout or model)."""
+"""The checkpoints folder without processes: commit by rename, atomic `latest`, pruning, resume lookup, the
+manifest that tells an intact checkpoint from a damaged one, and the errors for resume sources that cannot be
+used (missing, not a checkpoint, damaged, another run's layout or model)."""
 
 import json
+import logging
 from types import SimpleNamespace
 
 import pytest
 
-from distflow.checkpointing import CheckpointDirectory, Checkpointer, CheckpointError, resolve_resume
+from distflow.checkpointing import (
+    CheckpointDirectory,
+    Checkpointer,
+    CheckpointError,
+    manifest,
+    resolve_resume,
+)
 from distflow.checkpointing.trainer_state import FORMAT, FORMAT_VERSION, check_compatible, read_meta
 
 
@@ -14,9 +22,12 @@ def fake_save(directory: CheckpointDirectory, step: int, keep_last: int = 2, com
     """What Checkpointer.save does on the file system, without the shards."""
     staging = directory.prepare_staging(step)
     (staging / "rank_0.pt").write_bytes(b"x")
+    (staging / "actor").mkdir()
+    (staging / "actor" / "__0_0.distcp").write_bytes(bytes(range(256)) * 4)
     (staging / "meta.json").write_text(
         json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "step": step})
     )
+    manifest.write(staging, manifest.describe(staging, checksums=True))
     if commit:
         directory.commit(step, keep_last)
 
@@ -116,3 +127,91 @@ def test_another_layout_or_model_is_refused(tmp_path):
         r"'critic'\]\)",
     ):
         check_compatible(tmp_path, saved, run_description(roles=("actor", "critic"), world=4))
+
+
+def _shard(d: CheckpointDirectory, step: int):
+    return d.final(step) / "actor" / "__0_0.distcp"
+
+
+def test_auto_skips_a_damaged_latest_step_loudly(tmp_path, caplog):
+    d = CheckpointDirectory.of_run(tmp_path)
+    for step in (2, 4):
+        fake_save(d, step)
+    data = _shard(d, 4).read_bytes()
+    _shard(d, 4).write_bytes(data[:100])  # truncated
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume("auto", tmp_path) == d.final(2)
+    assert (
+        "resuming from" in caplog.text
+        and "step_4 is damaged" in caplog.text
+        and "has 100 bytes" in caplog.text
+    )
+    # Named explicitly, the damaged step is refused with the file and the intact one beside it.
+    with pytest.raises(
+        CheckpointError, match=r"__0_0.distcp has 100 bytes, the manifest 1024.*beside it: step_2"
+    ):
+        resolve_resume(str(d.final(4)), tmp_path / "other")
+
+
+def test_a_flipped_byte_is_found_by_the_checksums_only(tmp_path):
+    d = CheckpointDirectory.of_run(tmp_path)
+    fake_save(d, 2)
+    data = bytearray(_shard(d, 2).read_bytes())
+    data[7] ^= 1
+    _shard(d, 2).write_bytes(bytes(data))
+    assert manifest.check(d.final(2), checksums=False) == []
+    assert manifest.check(d.final(2), checksums=True) == [
+        f"{_shard(d, 2)} does not match its checksum (damaged)"
+    ]
+    checkpointer = SimpleNamespace(cfg=SimpleNamespace(checksums=True))
+    with pytest.raises(CheckpointError, match="no intact checkpoint .* will not start over"):
+        resolve_resume("auto", tmp_path, check=lambda f: Checkpointer._problems(checkpointer, f))
+
+
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (lambda f: (f / "actor" / "__0_0.distcp").unlink(), "__0_0.distcp is missing"),
+        (lambda f: (f / "actor" / "extra.distcp").write_bytes(b"?"), "extra.distcp is not in the manifest"),
+        (lambda f: (f / "manifest.json").write_text("{"), "manifest.json is unreadable"),
+        (lambda f: (f / "meta.json").unlink(), "no meta.json"),
+    ],
+)
+def test_every_damage_is_named(tmp_path, damage, problem):
+    d = CheckpointDirectory.of_run(tmp_path)
+    fake_save(d, 2)
+    damage(d.final(2))
+    with pytest.raises(CheckpointError, match=r"no intact checkpoint .*" + problem.replace(".", r"\.")):
+        resolve_resume("auto", tmp_path)
+
+
+def test_a_missing_latest_never_starts_the_run_over(tmp_path, caplog):
+    d = CheckpointDirectory.of_run(tmp_path)
+    for step in (2, 4):
+        fake_save(d, step)
+    (d.root / "latest").unlink()  # a crash between the rename and `latest`, or a user's mistake
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume("auto", tmp_path) == d.final(4)
+    assert "`latest` names None" in caplog.text
+
+
+def test_a_checkpoint_from_before_manifests_still_resumes(tmp_path, caplog):
+    d = CheckpointDirectory.of_run(tmp_path)
+    fake_save(d, 2)
+    (d.final(2) / "manifest.json").unlink()
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume("auto", tmp_path) == d.final(2)
+    assert "has no manifest.json (an older DistFlow wrote it): not verified" in caplog.text
+
+
+def test_saving_a_step_again_keeps_an_intact_folder_and_moves_a_damaged_one_aside(tmp_path):
+    d = CheckpointDirectory.of_run(tmp_path)
+    fake_save(d, 2)
+    fake_save(d, 4)
+    (d.root / "latest").write_text("step_2\n")  # as after a crash between the rename and `latest`
+    with pytest.raises(CheckpointError, match="step_4 exists and is a complete checkpoint; refusing"):
+        fake_save(d, 4)
+    _shard(d, 4).write_bytes(b"")
+    fake_save(d, 4)
+    assert d.latest() == d.final(4) and manifest.check(d.final(4), checksums=True) == []
+    assert (d.root / ".damaged_step_4" / "actor" / "__0_0.distcp").read_bytes() == b""

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from distflow.checkpointing import manifest
 from distflow.models.tiny import make_tiny_model
 from distflow.testing.launch import JobFailed, torchrun
 
@@ -45,10 +46,15 @@ def test_resume_continues_exactly(model, tmp_path, tp, dist_opt):
     assert meta["roles"]["actor"]["layout"]["tp"] == tp
     assert sorted(p.name for p in (root / "step_2").iterdir()) == [
         "actor",
+        "manifest.json",
         "meta.json",
         "rank_0.pt",
         "rank_1.pt",
     ]
+    # The manifest lists every file the ranks wrote, with digests that match (manifest.py).
+    listed = json.loads((root / "step_2" / "manifest.json").read_text())["files"]
+    assert any(name.startswith("actor/") and name.endswith(".distcp") for name in listed), sorted(listed)
+    assert manifest.check(root / "step_2", checksums=True) == []
 
     resumed = run_case(model, tmp_path, "resumed", tp, dist_opt)
     assert resumed["start"] == 2 and resumed["loader"] == 2  # the position saved after step 2

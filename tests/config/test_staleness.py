@@ -27,6 +27,29 @@ DISAGG = ["rollout.placement=disaggregated", "rollout.num_ranks=1"]
             ],
             r"adv_estimator=reinforce_pp_baseline in the disaggregated placement: it whitens",
         ),
+        (["rollout.partial=true", *DISAGG], r"rollout\.partial=true needs rollout\.max_staleness >= 1"),
+        (
+            ["rollout.partial=true", "rollout.max_staleness=1"],
+            r"rollout\.partial=true needs rollout\.placement=disaggregated",
+        ),
+        (
+            [
+                "rollout.partial=true",
+                "rollout.max_staleness=1",
+                "rollout.placement=disaggregated",
+                "rollout.num_ranks=2",
+            ],
+            r"rollout\.partial=true with rollout\.balance=steal and 2 engines: .*set rollout\.balance=partition",
+        ),
+        (
+            [
+                "rollout.partial=true",
+                "rollout.max_staleness=1",
+                *DISAGG,
+                "rollout.sglang.disaggregation_mode=decode",
+            ],
+            r"rollout\.sglang\.disaggregation_mode='decode': a prefill/decode-split engine cannot interrupt",
+        ),
     ],
 )
 def test_refused_combinations_name_the_fields(overrides, message):
@@ -47,6 +70,14 @@ def test_refused_combinations_name_the_fields(overrides, message):
             "algorithm.adv_estimator=reinforce_pp_baseline",
         ],
         ["rollout.max_staleness=0", "dag.pipeline=dapo", "algorithm.dynamic_sampling=true"],
+        ["rollout.max_staleness=1", "rollout.partial=true", *DISAGG],
+        [
+            "rollout.max_staleness=1",
+            "rollout.partial=true",
+            "rollout.placement=disaggregated",
+            "rollout.num_ranks=2",
+            "rollout.balance=partition",
+        ],
     ],
 )
 def test_accepted_combinations(overrides):
@@ -58,6 +89,8 @@ def test_the_start_up_line_says_what_the_bound_does_in_each_placement():
     assert "next 1 step(s) while this step trains" in colocated and "does not overlap training" in colocated
     apart = describe_staleness(resolve(None, ["rollout.max_staleness=2", *DISAGG]))
     assert "at most 2 weight version(s) older" in apart and "overlap" not in apart
+    partial = describe_staleness(resolve(None, ["rollout.max_staleness=1", "rollout.partial=true", *DISAGG]))
+    assert "partial rollouts: the weight sync interrupts the generation in flight" in partial
 
 
 @pytest.mark.parametrize(

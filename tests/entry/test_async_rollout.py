@@ -6,9 +6,11 @@ SGLang engine rank, GRPO on the tiny copy task), at rollout.max_staleness 1 and 
 - Exact resume with rollouts in flight: the step-2 checkpoint holds the batches generated for steps 3..2+k; a
   fresh job resumed from it gives steps 3 and 4 the straight run's metrics (<= 1e-6).
 - Resumed with a smaller bound (k=2's checkpoint at k=1), the batches that would be too old are dropped and
-  generated again (rollout/stale_dropped) and no step trains on samples older than the new bound.
+  generated again (rollout/stale_dropped) and no step trains on samples older than the new bound; that run
+  has partial rollouts on, so its last batch stays in flight through a weight sync.
 - The engine dies while its rank holds a rollout generated ahead: every rank stops within seconds with the
-  engine's error, and the last checkpoint (with the rollout it had in flight) is intact.
+  engine's error, and the last checkpoint (with the rollout it had in flight) is intact. With partial
+  rollouts, the engine dies holding a submitted rollout's requests: the same.
 """
 
 import json
@@ -65,6 +67,16 @@ def _train(common, out, *extra, env=None):
     )
 
 
+def _killing_engine_at(score: int, counter: Path) -> tuple[str, dict]:
+    """_train's arguments for a job whose `score`-th reward call kills its engine (engine_killing_scorer)."""
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+        "DISTFLOW_TEST_KILL_COUNTER": str(counter),
+        "DISTFLOW_TEST_KILL_AT": str(score),
+    }
+    return "reward.custom=engine_killing_scorer:score", env
+
+
 def _rows(out) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
 
@@ -108,15 +120,27 @@ def test_staleness_bound_and_exact_resume_in_flight(task, k):
                 b[step][n],
             )
 
-    if k == 2:  # the same checkpoint, resumed under a tighter bound
+    if k == 2:  # the same checkpoint, resumed under a tighter bound, with partial rollouts, one step longer
         tighter = tmp / "tighter"
-        _resume(common, straight, tighter, "rollout.max_staleness=1")
+        log = _resume(
+            common,
+            straight,
+            tighter,
+            "rollout.max_staleness=1",
+            "rollout.partial=true",
+            "trainer.total_steps=5",
+        )
+        assert "partial rollouts: the weight sync interrupts the generation in flight" in log, log[-3000:]
         c = _rows(tighter)
         for step in (3, 4):
             # Both batches ahead were 2 versions old by their step: dropped and generated again there, with the
             # current weights.
             assert c[step]["rollout/stale_dropped"] == SAMPLES, c[step]
             assert c[step]["rollout/staleness_max"] <= 1, c[step]
+        # Step 5's batch was submitted in step 4 and stayed in flight through its sync (a sync that found it
+        # unfinished interrupted it: rollout/partial_fraction > 0 then).
+        assert c[5]["rollout/stale_dropped"] == 0 and c[5]["rollout/samples"] == SAMPLES, c[5]
+        assert c[5]["rollout/staleness_max"] <= 1 and 0 <= c[5]["rollout/partial_fraction"] <= 1, c[5]
 
 
 @pytest.mark.slow
@@ -126,14 +150,10 @@ def test_an_engine_dying_with_rollouts_in_flight_stops_every_rank(task):
     # 16 scores per rollout: steps 1 and 2 score rollouts 1-3 (k=1), the step-2 checkpoint holds rollout 3;
     # step 3 generates rollout 4 ahead and the 49th score, its first, kills the engine. The next engine call
     # (step 3's weight sync, into the dead engine) fails on the engine rank while the training rank is in it.
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
-        "DISTFLOW_TEST_KILL_COUNTER": str(tmp / "scores"),
-        "DISTFLOW_TEST_KILL_AT": "49",
-    }
+    scorer, env = _killing_engine_at(49, tmp / "scores")
     start = time.monotonic()
     with pytest.raises(JobFailed) as failed:
-        _train(common, out, "rollout.max_staleness=1", "reward.custom=engine_killing_scorer:score", env=env)
+        _train(common, out, "rollout.max_staleness=1", scorer, env=env)
     seconds = time.monotonic() - start
     log = str(failed.value)
     # The sync's own error exchange ends both ranks with the engine rank's error, the engine named.
@@ -144,3 +164,34 @@ def test_an_engine_dying_with_rollouts_in_flight_stops_every_rank(task):
     assert read_meta(checkpoints / "step_2")["step"] == 2
     engine_rank = torch.load(checkpoints / "step_2" / "rank_1.pt", weights_only=False)
     assert sorted(engine_rank["rank_state"]["rollouts_ahead"]["ahead"]) == [3]  # the rollout in flight
+
+
+@pytest.mark.slow
+def test_an_engine_dying_with_partial_rollouts_in_flight_stops_every_rank(task):
+    tmp, common = task
+    out = tmp / "engine_dies_partial"
+    # k=2, partial: step 1 submits rollouts 2 and 3; step 2 collects rollout 2 and its first score (the 17th)
+    # kills the engine while rollout 3 is still in it.
+    scorer, env = _killing_engine_at(17, tmp / "scores_partial")
+    start = time.monotonic()
+    with pytest.raises(JobFailed) as failed:
+        _train(
+            common,
+            out,
+            "rollout.max_staleness=2",
+            "rollout.partial=true",
+            "checkpoint.save_every=0",
+            scorer,
+            env=env,
+        )
+    seconds = time.monotonic() - start
+    log = str(failed.value)
+    # Submitting rollout 4 fails at once if the engine's monitor saw the death already; otherwise step 2's
+    # weight sync, which interrupts rollouts 3 and 4 in flight, finds the engine dead. Either way every rank
+    # stops with the engine's error.
+    died = "EngineDiedError: SGLang engine: engine process"
+    assert f"rank 1 failed in node 'generate': {died}" in log or (
+        f"weight sync to version 3 failed on rank 1: {died}" in log
+    ), log[-3000:]
+    assert seconds < 300, seconds  # start-up included; a rank left waiting would hold on for 600 s
+    assert [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())] == [1]

@@ -30,7 +30,7 @@ def test_generate_records_lengths_and_counts():
 
     engine = SimpleNamespace(weight_version=2, balance_stats=None, generate=generate)
     ctx = NodeContext(
-        SimpleNamespace(rollout=SimpleNamespace(max_new_tokens=8)),
+        SimpleNamespace(rollout=SimpleNamespace(max_new_tokens=8, partial=False)),
         None,
         0,
         SimpleNamespace(eos_token_id=0),
@@ -38,6 +38,7 @@ def test_generate_records_lengths_and_counts():
         step=StepState(7),
     )
     rollout.generate(ctx, {"prompts": ["a", "b"]})
+    assert "rollout/partial_fraction" not in ctx.step.metrics  # only with partial rollouts
     assert steps == [7]  # the step number reaches the sampling seeds
     m = ctx.step.metrics
     assert m["rollout/samples"] == 3 and m["rollout/tokens"] == 27 and m["rollout/weight_version"] == 1
@@ -52,3 +53,14 @@ def test_generate_records_lengths_and_counts():
         m["rollout/prompt_length/max"],
         m["rollout/prompt_length/min"],
     ) == (4.0, 5.0, 3.0)
+
+
+def test_partial_fraction_counts_the_tokens_sampled_before_an_interrupting_sync():
+    def info(versions, length):
+        return SampleInfo(3, [1] * length, "stop", "d", "", {}, min(versions or [2]), versions)
+
+    # 3 of sample 0's 8 tokens came before the sync that interrupted it; sample 1 ran whole under version 2,
+    # sample 2 (no per-token versions) under one version: 3 of 15 response tokens.
+    infos = [info([1, 1, 1, 2, 2, 2, 2, 2], 8), info([2, 2], 2), info(None, 5)]
+    assert rollout.partial_fraction(infos) == pytest.approx(3 / 15)
+    assert rollout.partial_fraction([]) == 0.0

@@ -25,6 +25,7 @@ from distflow.workers.rollout import (
     StaleEngineError,
     engine_health,
     generate,
+    partial_generation,
     release_memory,
     resume_memory,
     shutdown_engine,
@@ -100,16 +101,6 @@ def test_seeded_samples_follow_the_policy(started, tiny_qwen2):
     assert repeats <= expected_repeats + 5 * math.sqrt(expected_repeats) + 3, (repeats, expected_repeats)
     gaps = torch.tensor(gaps)
     assert abs(gaps.mean()) < 5 * gaps.std() / math.sqrt(len(gaps)), (gaps.mean(), gaps.std(), len(gaps))
-
-
-def test_same_seed_gives_the_same_samples(started, tiny_qwen2):
-    twin = start_engine(tiny_qwen2, seed=0)
-    try:
-        again = generate(twin, PROMPTS, **SAMPLING)
-    finally:
-        shutdown_engine(twin)
-    assert again == started["first_samples"]  # token ids and log-probs, exactly
-    assert greedy(started["engine"])  # stopping the twin left the module's engine running
 
 
 def test_stop_token_ends_the_response(started):
@@ -225,11 +216,19 @@ def test_scheduler_death_raises_instead_of_killing_the_caller(started, tiny_qwen
     assert greedy(started["engine"])
 
 
-def test_engine_dying_during_generate_is_an_error_not_a_hang(tiny_qwen2, tmp_path):
-    """Kill the scheduler while a long generate waits on it: EngineDiedError naming the dead process, with
-    the log's tail; the caller survives, the engine is stale and later calls fail at once."""
+def test_same_seed_gives_the_same_samples_and_a_dying_engine_is_an_error_not_a_hang(
+    started, tiny_qwen2, tmp_path
+):
+    """A twin of the module's engine (same seed) gives the same samples. Then kill its scheduler while a long
+    generate waits on it: EngineDiedError naming the dead process, with the log's tail; the caller survives,
+    the engine is stale and later calls fail at once; the module's engine still serves."""
     log = tmp_path / "engine.log"
     engine = start_engine(tiny_qwen2, seed=0, log_path=log)
+    try:
+        assert generate(engine, PROMPTS, **SAMPLING) == started["first_samples"]  # ids and log-probs, exactly
+    except BaseException:
+        shutdown_engine(engine)
+        raise
     monitor = engine_health.monitor_of(engine)
     killed = threading.Event()
 
@@ -255,6 +254,7 @@ def test_engine_dying_during_generate_is_an_error_not_a_hang(tiny_qwen2, tmp_pat
             generate(engine, PROMPTS, max_new_tokens=4)
     finally:
         shutdown_engine(engine)
+    assert greedy(started["engine"])  # stopping the twin left the module's engine running
 
 
 def test_claimed_chunks_run_concurrently_and_match_one_call(started):
@@ -280,3 +280,93 @@ def test_claimed_chunks_run_concurrently_and_match_one_call(started):
     assert [s.prompt_index for s in samples] == [0, 1, 2]
     assert run.tokens == sum(len(s.response_ids) for s in samples)
     assert [s.response_ids for s in samples] == [s.response_ids for s in greedy(engine, prompts)]
+
+
+# --- partial rollouts: generation in flight across a weight update ------------------------------------------
+
+LONG = dict(n=4, temperature=1.0, max_new_tokens=600, seed=5)  # long enough to be mid-way at the update
+
+
+def _perturbed(tiny_qwen2, scale: float = 0.05):
+    generator = torch.Generator().manual_seed(2)
+    original = load_file(tiny_qwen2 / "model.safetensors")
+    return {name: w + scale * torch.randn(w.shape, generator=generator) for name, w in original.items()}
+
+
+def _policy_logprobs(tiny_qwen2, weights: dict, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """log p(response[t] | prompt + response[:t]) under the HF model with `weights`, temperature 1."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32)
+    model.load_state_dict(weights, strict=False)  # tied embeddings: lm_head is embed_tokens
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(response)[:, None])[:, 0]
+
+
+def test_submitted_generation_without_an_update_equals_generate(started):
+    """Nothing interrupts it: the same samples (same seeds, same batch) as one generate call."""
+    engine = started["engine"]
+    samples = partial_generation.submit(engine, PROMPTS, timeout_s=60, **SAMPLING).result()
+    assert [s.response_ids for s in samples] == [s.response_ids for s in started["first_samples"]]
+    for got, expected in zip(samples, started["first_samples"]):
+        assert got.logprobs == pytest.approx(expected.logprobs, abs=1e-6)
+    assert all(set(s.token_versions) <= {s.weight_version} for s in samples)
+    assert state_of(engine).in_flight == []
+
+
+def test_a_weight_update_interrupts_and_continues_generation_in_flight(started, tiny_qwen2):
+    """Submitted, then new weights while it generates: each interrupted sample keeps the tokens it had (the
+    old version's), and every token after the update carries the new version with the log-prob the new
+    weights give for that prefix (the HF model on the same weights, <= 1e-3 fp32)."""
+    engine = started["engine"]
+    old_version = state_of(engine).version
+    original, new = load_file(tiny_qwen2 / "model.safetensors"), _perturbed(tiny_qwen2)
+    in_flight = partial_generation.submit(engine, PROMPTS, timeout_s=120, **LONG)
+    try:
+        time.sleep(0.5)
+        update_weights_from_tensors(engine, sorted(new.items()), version=old_version + 1)
+        assert in_flight.interruptions == 1
+        samples = in_flight.result()
+    finally:
+        update_weights_from_disk(engine, tiny_qwen2, version=old_version)
+    spanning = [s for s in samples if len(set(s.token_versions)) == 2]
+    assert spanning, [(len(s.response_ids), s.finish_reason) for s in samples]
+    for s in samples:
+        cut = s.token_versions.count(old_version)
+        assert s.token_versions == [old_version] * cut + [old_version + 1] * (len(s.response_ids) - cut)
+        assert len(s.logprobs) == len(s.response_ids) <= LONG["max_new_tokens"]
+        assert s.weight_version == min(s.token_versions)
+    for s in spanning[:2]:
+        cut = s.token_versions.count(old_version)
+        prompt = PROMPTS[s.prompt_index]
+        before = _policy_logprobs(tiny_qwen2, original, prompt, s.response_ids[:cut])
+        after = _policy_logprobs(tiny_qwen2, new, prompt, s.response_ids)[cut:]
+        under_old = _policy_logprobs(tiny_qwen2, original, prompt, s.response_ids)[cut:]
+        assert (after - under_old).abs().max() > 1e-2  # the two policies are told apart at this tolerance
+        assert torch.tensor(s.logprobs[:cut]).double() == pytest.approx(before, abs=1e-3)
+        assert torch.tensor(s.logprobs[cut:]).double() == pytest.approx(after, abs=1e-3)
+
+
+def test_a_failed_update_leaves_generation_interrupted_and_the_caller_told(started, tiny_qwen2):
+    """The update fails after it interrupted the requests: the generation is not continued on weights that
+    are half loaded; result() raises StaleEngineError at once instead of waiting, and the next complete
+    update serves again."""
+    engine = started["engine"]
+    version = state_of(engine).version
+
+    def failing_tensors():
+        yield from list(load_file(tiny_qwen2 / "model.safetensors").items())[:2]
+        raise ConnectionError("trainer gone mid-transfer")
+
+    in_flight = partial_generation.submit(engine, PROMPTS, timeout_s=120, **LONG)
+    time.sleep(0.3)
+    with pytest.raises(ConnectionError, match="mid-transfer"):
+        update_weights_from_tensors(engine, failing_tensors(), version=version + 1)
+    start = time.monotonic()
+    with pytest.raises(StaleEngineError, match="did not complete"):
+        in_flight.result()
+    assert time.monotonic() - start < 5
+    assert state_of(engine).in_flight == []
+    update_weights_from_disk(engine, tiny_qwen2, version=version)
+    assert greedy(engine)

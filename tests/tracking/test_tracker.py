@@ -37,6 +37,14 @@ def test_jsonl_and_resume_appends(tmp_path, capsys):
         (3, 0.33),
         (4, 0.4),
     ]
+    # The row the crashed attempt logged after its checkpoint is kept aside, not lost.
+    dropped = [json.loads(line) for line in (tmp_path / "metrics.jsonl.dropped").read_text().splitlines()]
+    assert [(r["step"], r["reward/mean"]) for r in dropped] == [(3, 0.3)]
+    # A crash before the first checkpoint: the fresh run (resume_step 0) starts the file over.
+    with Tracker(config("jsonl"), tmp_path, resume_step=0) as t:
+        t.log({"reward/mean": 0.5}, 1)
+    assert [(r["step"], r["reward/mean"]) for r in records(tmp_path)] == [(1, 0.5)]
+    assert len((tmp_path / "metrics.jsonl.dropped").read_text().splitlines()) == 5
 
 
 def test_torn_line_and_conversions(tmp_path):

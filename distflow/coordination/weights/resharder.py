@@ -226,8 +226,6 @@ class WeightResharder:
             if not self._ready:  # first sync (or after a failed one): staging buffers and their handles
                 hosted = errors.run(self.staging.allocate, default=(None, None))
                 errors.run(self._open, errors.exchange(hosted))
-            if self.engine is not None:
-                errors.run(self._begin, version)
             for b in range(len(self.plan.buckets)):
                 shares, n = errors.run(self._write_bucket, b, default=(None, 0))
                 sent += n
@@ -244,6 +242,10 @@ class WeightResharder:
                                 expected.setdefault(key, []).append(value)
                 self._ready = True
                 if self.engine is not None:
+                    # The update begins once the first bucket is here (every rank has staged it): until then
+                    # the engine goes on generating what it has in flight (partial rollouts).
+                    if b == 0:
+                        errors.run(self._begin, version)
                     errors.run(self._load_bucket, b)
             if self.engine is not None:
                 errors.run(self._finish, expected)
@@ -256,8 +258,7 @@ class WeightResharder:
             )
         self.version = version
         if self.engine is not None:
-            state = state_of(self.engine)
-            state.version, state.stale_reason = version, None
+            state_of(self.engine).complete_update(version)
         seconds = max(s["seconds"] for s in statuses)
         busiest = max(range(len(statuses)), key=lambda r: statuses[r]["sent"])
         receivers = {
@@ -301,12 +302,13 @@ class WeightResharder:
         self.staging.open(gathered, needed)
 
     def _begin(self, version: int):
+        # First: SGLang holds every call that touches the weights (the probes too) until no request is in flight.
+        state_of(self.engine).begin_update(f"weight sync to version {version} in progress")
         if not self._engine_checked:
             self._verifier.check_layout()
             self._engine_checked = True
         elif self.load_format == engine_side.LOAD_COUNTED:
             self.probe_engine(checksums=False)  # zero the engine ranks' received-bytes counters
-        state_of(self.engine).stale_reason = f"weight sync to version {version} in progress"
         self._call("begin_weight_update", "begin_weight_update")
 
     def _write_bucket(self, b: int):

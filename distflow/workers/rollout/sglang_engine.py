@@ -76,7 +76,10 @@ class RolloutSample:
     logprobs: list[float]
     finish_reason: str  # "stop" (EOS or a stop token, included in response_ids) or "length"
     weight_version: int = 0
-    """The engine's weight version (engine_state) that produced the sample."""
+    """The engine's weight version (engine_state) that produced the sample (its oldest token's)."""
+    token_versions: list[int] | None = None
+    """The version that sampled each token, where a weight update fell inside the sample's generation
+    (partial_generation); None: all weight_version."""
 
 
 def start_engine(
@@ -204,7 +207,7 @@ def generate(
     Every sample carries the engine's weight version. Raises StaleEngineError, before sending anything, on an
     engine whose last weight update did not complete (engine_state).
     """
-    version, requests, kwargs = _prepare(
+    version, requests, kwargs = prepare_requests(
         engine,
         prompt_ids,
         n,
@@ -237,7 +240,7 @@ async def generate_async(
     """`generate` as a coroutine on the engine's event loop (SGLang's `async_generate`), so several calls can
     be in flight at once. The caller runs the loop through engine_health.call (which turns an engine death
     into EngineDiedError)."""
-    version, requests, kwargs = _prepare(
+    version, requests, kwargs = prepare_requests(
         engine,
         prompt_ids,
         n,
@@ -262,20 +265,21 @@ def sampling_depends_on_batch(engine) -> bool:
     return seeded_sampling.processor_for(engine) is not None
 
 
-def _prepare(
+def prepare_requests(
     engine,
     prompt_ids,
-    n,
-    temperature,
-    top_p,
-    top_k,
-    max_new_tokens,
-    stop_token_ids,
-    stop,
-    seed,
-    first_prompt_index,
+    n=1,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=-1,
+    max_new_tokens=128,
+    stop_token_ids=None,
+    stop=None,
+    seed=None,
+    first_prompt_index=0,
 ):
-    """(weight version, [(prompt index, sample index)], keyword arguments of SGLang's generate) for a call."""
+    """(weight version, [(prompt index, sample index)], keyword arguments of SGLang's generate) for a call
+    (sglang_engine.generate's arguments)."""
     monitor = engine_health.monitor_of(engine)
     if monitor is not None and monitor.dead_reason is not None:
         raise monitor.error("generate")
@@ -353,11 +357,9 @@ def update_weights_from_disk(engine, path, version: int | None = None) -> None:
 def _updating(engine, version: int | None, what: str):
     """Stale while the update runs; fresh (with `version`) only if it completes."""
     state = state_of(engine)
-    state.stale_reason = f"{what} did not complete"
+    state.begin_update(f"{what} did not complete")
     yield
-    state.stale_reason = None
-    if version is not None:
-        state.version = version
+    state.complete_update(version)
 
 
 ENGINE_MEMORY = ("weights", "kv_cache", "cuda_graph")

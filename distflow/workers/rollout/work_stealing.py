@@ -123,7 +123,8 @@ class StoreBoard:
         except Exception as exc:  # the store raises a generic DistStoreError/RuntimeError on timeout
             raise TimeoutError(
                 f"rollout balance (engine {self.me}, round {self.round}): {what} not there within "
-                f"rollout.balance_timeout_s={self.timeout_s:g} s ({exc})"
+                f"{self.timeout_s:g} s (rollout.balance_timeout_s, default trainer.dist_timeout_s: a frozen or "
+                f"dead engine rank stops the job there) ({exc})"
             ) from exc
 
     def _read_plans(self) -> None:

@@ -14,6 +14,7 @@ Each engine's processes log to <trainer.output_dir>/engine_logs/engine<i>.log; e
 failed start, a death during generation or a sync) end with that log's last lines.
 """
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,13 @@ from torch.distributed import distributed_c10d
 
 from distflow.batch import PackedBatch
 from distflow.distributed import resolve_device
-from distflow.workers.rollout import chunked_generation, multi_node_engine, sglang_engine, work_stealing
+from distflow.workers.rollout import (
+    chunked_generation,
+    multi_node_engine,
+    partial_generation,
+    sglang_engine,
+    work_stealing,
+)
 from distflow.workers.rollout.engine_state import state_of
 
 ID_STRIDE = 1_000_000  # sample id = engine * ID_STRIDE + local index: unique over the job without talking
@@ -39,7 +46,10 @@ class SampleInfo:
     ground_truth: object
     extra_info: dict
     weight_version: int = 0
-    """The engine weight version (completed syncs) that sampled the response."""
+    """The engine weight version (completed syncs) that sampled the response (its first token)."""
+    token_versions: list[int] | None = None
+    """Partial rollouts: the version that sampled each response token (a weight update fell inside the
+    generation); None: every token weight_version."""
 
 
 def placement_device(cfg) -> str:
@@ -65,6 +75,7 @@ class RolloutWorker:
             and placement.kind == "colocated"
         )
         self.num_engines = placement.num_engines
+        self.in_flight: dict[int, partial_generation.InFlightGeneration] = {}  # step -> its submitted rollout
         self._balance_round = 0  # balanced generate calls so far: namespaces their store keys
         self.balance_stats: dict | None = None  # the last balanced call's totals (generate(balance=True))
         self.node_engine = None  # a later node's share of a multi-node engine (its SGLang processes only)
@@ -112,19 +123,12 @@ class RolloutWorker:
         if not self.owner:
             return None
 
-        r = self.cfg.rollout
-        n = n or (1 if greedy else r.n)
         self.make_resident()
-        sampling = dict(
-            n=n,
-            temperature=0.0 if greedy else r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            max_new_tokens=r.max_new_tokens,
-            stop_token_ids=sorted({eos_token_id, *r.stop_token_ids}),
-            stop=list(r.stop),
-        )
-        if balance and self.num_engines > 1:
+        sampling = self._sampling(eos_token_id, greedy, n)
+        in_flight = self.in_flight.pop(step, None) if balance else None
+        if in_flight is not None:  # submitted earlier (partial rollouts): what is left of it, then all of it
+            outs = in_flight.result()
+        elif balance and self.num_engines > 1:
             outs = self._generate_chunks(prompts, step, greedy, sampling)
         else:
             outs = sglang_engine.generate(
@@ -160,12 +164,47 @@ class RolloutWorker:
                 prompt.ground_truth,
                 prompt.extra_info,
                 s.weight_version,
+                s.token_versions,
             )
         return PackedBatch.from_samples(
             ids,
             groups,
             {"input_ids": tokens, "response_mask": masks, "rollout_logprobs": logprobs},
             infos=infos,
+        )
+
+    def submit(self, prompts, eos_token_id: int, step: int) -> None:
+        """Partial rollouts (rollout.partial): sends step `step`'s training rollout to this rank's engine and
+        returns once the engine has it; generate(prompts, ..., step, balance=True) later collects it. Weight
+        syncs in between interrupt it and continue it under their weights (partial_generation). One engine's
+        own prompts (rollout.balance=partition, or a single engine); no-op on ranks without an engine."""
+        if not self.owner:
+            return
+        self.make_resident()
+        self.in_flight[step] = partial_generation.submit(
+            self.engine,
+            [p.input_ids for p in prompts],
+            seed=self.sampling_seed(self.engine_index, step),
+            timeout_s=self.cfg.trainer.dist_timeout_s,
+            **self._sampling(eos_token_id, greedy=False, n=None),
+        )
+
+    def cancel(self, step: int) -> None:
+        """Drops step `step`'s submitted rollout, if any (a rollout gone stale is generated again)."""
+        in_flight = self.in_flight.pop(step, None)
+        if in_flight is not None:
+            in_flight.cancel()
+
+    def _sampling(self, eos_token_id: int, greedy: bool, n: int | None) -> dict:
+        r = self.cfg.rollout
+        return dict(
+            n=n or (1 if greedy else r.n),
+            temperature=0.0 if greedy else r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_new_tokens=r.max_new_tokens,
+            stop_token_ids=sorted({eos_token_id, *r.stop_token_ids}),
+            stop=list(r.stop),
         )
 
     def sampling_seed(self, home_engine: int, step: int, greedy: bool = False) -> int | None:
@@ -191,7 +230,7 @@ class RolloutWorker:
             self._balance_round,
             self.engine_index,
             self.num_engines,
-            r.balance_timeout_s,
+            r.balance_timeout_s or self.cfg.trainer.dist_timeout_s,
             steal=r.balance == "steal",
         )
         board.publish(chunks, prompt_ids)
@@ -236,6 +275,9 @@ class RolloutWorker:
             state_of(self.engine).version = version
 
     def close(self) -> None:
+        for step in list(self.in_flight):
+            with contextlib.suppress(Exception):  # the engine may be dead: it stops below either way
+                self.cancel(step)
         for engine in (self.engine, self.node_engine):
             if engine is not None:
                 sglang_engine.shutdown_engine(engine)

@@ -111,7 +111,7 @@ class StepLoader:
 def checkpointer(run_dir, resume="auto", save_every=2):
     from distflow.checkpointing import Checkpointer
 
-    cfg = SimpleNamespace(save_every=save_every, keep_last=2, resume=resume)
+    cfg = SimpleNamespace(save_every=save_every, keep_last=2, resume=resume, checksums=True)
     return Checkpointer(cfg, run_dir, dist.get_rank(), dist.get_world_size())
 
 
