@@ -65,8 +65,8 @@ class InFlightGeneration:
         self.processor, self.timeout_s = processor, timeout_s
         self.interruptions = 0
         self._wave: _Wave | None = None
-        state_of(engine).in_flight.append(self)
         self._send(requests)
+        state_of(engine).in_flight.append(self)  # after the send: a refused one is not left registered
 
     # --- called by the engine's weight state around an update -------------------------------------------
 
@@ -163,23 +163,14 @@ class InFlightGeneration:
         self._run_until(wave.task.done, "generate")
         outputs = wave.task.result()
         for r, out in zip(wave.requests, outputs):
-            meta = out["meta_info"]
-            ids = list(out["output_ids"])
-            pairs = meta["output_token_logprobs"]
-            if [t for _, t, _ in pairs] != ids:
-                raise sglang_engine.EngineCallError(
-                    f"generate: log-probs do not line up with the output tokens ({meta['id']})"
-                )
+            ids, logprobs, reason = sglang_engine.response_of(
+                out, r.prompt_index, ("stop", "length", "abort")
+            )
             r.tokens += ids
-            r.logprobs += [float(lp) for lp, _, _ in pairs]
+            r.logprobs += logprobs
             r.versions += [wave.version] * len(ids)
-            reason = (meta["finish_reason"] or {}).get("type")
-            if reason in ("stop", "length"):
+            if reason != "abort":
                 r.finish_reason = reason
-            elif reason != "abort":
-                raise sglang_engine.EngineCallError(
-                    f"generate: request for prompt {r.prompt_index} ended with {reason}"
-                )
             elif r.tokens and r.tokens[-1] in self.stop_token_ids:
                 r.finish_reason = "stop"
             elif len(r.tokens) >= r.params["max_new_tokens"]:

@@ -428,21 +428,28 @@ def _server_arg_names() -> list[str]:
 
 
 def _to_sample(prompt_index: int, out: dict, weight_version: int) -> RolloutSample:
+    ids, logprobs, reason = response_of(out, prompt_index)
+    return RolloutSample(
+        prompt_index=prompt_index,
+        response_ids=ids,
+        logprobs=logprobs,
+        finish_reason=reason,
+        weight_version=weight_version,
+    )
+
+
+def response_of(out: dict, prompt_index: int, ends=("stop", "length")) -> tuple[list[int], list[float], str]:
+    """(token ids, their log-probs, finish reason) of one SGLang generate output; EngineCallError if it ended
+    otherwise than `ends` or its log-probs do not line up with its tokens."""
     meta = out["meta_info"]
     reason = meta["finish_reason"] or {}
-    if reason.get("type") not in ("stop", "length"):
+    if reason.get("type") not in ends:
         raise EngineCallError(f"generate: request for prompt {prompt_index} ended with {reason}")
     token_logprobs = meta["output_token_logprobs"]
     ids = list(out["output_ids"])
     if [t for _, t, _ in token_logprobs] != ids:
         raise EngineCallError(f"generate: log-probs do not line up with the output tokens ({meta['id']})")
-    return RolloutSample(
-        prompt_index=prompt_index,
-        response_ids=ids,
-        logprobs=[float(lp) for lp, _, _ in token_logprobs],
-        finish_reason=reason["type"],
-        weight_version=weight_version,
-    )
+    return ids, [float(lp) for lp, _, _ in token_logprobs], reason["type"]
 
 
 def _check(result, what: str) -> None:
