@@ -287,6 +287,13 @@ class RewardConfig:
         10.0, "Per-sample scorer timeout; a timeout scores 0 and counts in reward/timeouts."
     )
     num_workers: int = option(2, "Scorer process-pool size.")
+    stream: bool = option(
+        True,
+        "Score each prompt group as soon as its responses have all finished, while the others still "
+        "generate (the pool's workers run beside the engine); false: score the whole batch after generation. "
+        "Applies to the training rollout's rule-based and custom rewards (not to reward.model_path, nor to "
+        "rollouts submitted ahead under rollout.partial).",
+    )
 
 
 @dataclass

@@ -83,6 +83,10 @@ class RankController:
             finally:
                 timing[node.id] = time.perf_counter() - start
                 spans.append({"node": node.id, "start": wall, "end": wall + timing[node.id]})
+                if hasattr(
+                    self.ctx, "take_spans"
+                ):  # a NodeContext (tests drive the controller with stand-ins)
+                    spans += self.ctx.take_spans()
             if skipped_at is not None:
                 break
         return StepResult(outputs=store, timing_s=timing, skipped_at=skipped_at, spans=spans)

@@ -44,6 +44,8 @@ class StepState:
 
     step: int
     metrics: dict[str, float] = field(default_factory=dict)
+    spans: list[dict] = field(default_factory=list)
+    """Timeline rows a node adds beside its own (work it started that ran past it, e.g. streamed scoring)."""
 
     def record(self, **values) -> None:
         self.metrics.update({k: float(v) for k, v in values.items()})
@@ -67,3 +69,12 @@ class NodeContext:
     def record(self, **values) -> None:
         """Adds metrics to this step's (reduced over ranks by meaning: tracking/reduce.py)."""
         self.step.record(**values)
+
+    def span(self, name: str, start: float, end: float, **extra) -> None:
+        """Adds a row to this rank's timeline (wall-clock start and end, as time.time())."""
+        self.step.spans.append({"node": name, "start": start, "end": end, **extra})
+
+    def take_spans(self) -> list[dict]:
+        """The rows added since the last call (the controller files them after each node)."""
+        spans, self.step.spans = self.step.spans, []
+        return spans

@@ -255,7 +255,7 @@ def _generate_and_score(ctx) -> tuple[PackedBatch, PackedBatch]:
     """One more round of the generate and score nodes' work; of its metrics only the _SUMMED_OVER_ROUNDS
     ones are added to the step's (the others describe the first round)."""
     samples, generated = generate_samples(ctx, next(ctx.prompt_loader))
-    rewards, scored = score_samples(ctx, samples)
+    rewards, scored = score_samples(ctx, samples, streamed=True)
     this_round = {**generated, **scored}
     metrics = ctx.step.metrics
     ctx.record(

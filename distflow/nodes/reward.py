@@ -2,6 +2,7 @@
 model_score: a reward model's score per sample, in the training layout (reward.model_path)."""
 
 import math
+import time
 
 import torch
 
@@ -11,24 +12,30 @@ from distflow.rewards.pool import RewardSample
 
 
 def score(ctx, inputs):
-    rewards, metrics = score_samples(ctx, inputs["samples"])
+    rewards, metrics = score_samples(ctx, inputs["samples"], streamed=True)
     ctx.record(**metrics)
     return {"rewards": rewards}
 
 
-def score_samples(ctx, samples: PackedBatch | None) -> tuple[PackedBatch | None, dict[str, float]]:
+def score_samples(
+    ctx, samples: PackedBatch | None, streamed: bool = False
+) -> tuple[PackedBatch | None, dict[str, float]]:
     """(a `rewards` batch over `samples` or None, the reward/* metrics): the work of the score node, for
-    callers that score more than once in a step (dynamic sampling, validation) and keep what they choose."""
+    callers that score more than once in a step (dynamic sampling, validation) and keep what they choose.
+    streamed: take the rewards of samples the generation submitted as their groups finished
+    (reward.stream, nodes/rollout.py), and put when they were scored on the timeline."""
     if samples is None:
         return None, {}
-    eos = ctx.tokenizer.eos_token_id
-    to_score = []
-    for sample_id in samples.sample_ids.tolist():
-        info = samples.infos[sample_id]
-        text = ctx.tokenizer.decode(info.response_ids, skip_special_tokens=True)
-        ended = info.finish_reason == "stop" and bool(info.response_ids) and info.response_ids[-1] == eos
-        to_score.append(RewardSample(text, info.ground_truth, info.data_source, ended, info.extra_info))
-    rewards, stats = ctx.workers.reward_pool.score_batch(to_score)
+    sample_ids = samples.sample_ids.tolist()
+    to_score = [
+        reward_sample(ctx.tokenizer, info.response_ids, info.finish_reason, info)
+        for info in (samples.infos[i] for i in sample_ids)
+    ]
+    pool = ctx.workers.reward_pool
+    rewards, stats = pool.score_batch(to_score, keys=sample_ids if streamed else None)
+    if streamed and pool.last_stream is not None:
+        first, last, count = pool.last_stream
+        ctx.span("reward_stream", wall_clock(first), wall_clock(last), samples=count)
     metrics = {
         **stats,
         "reward/samples": len(rewards),
@@ -40,6 +47,19 @@ def score_samples(ctx, samples: PackedBatch | None) -> tuple[PackedBatch | None,
         {"rewards": torch.tensor(rewards, dtype=torch.float32)},
     )
     return batch, {k: float(v) for k, v in metrics.items()}
+
+
+def reward_sample(tokenizer, response_ids, finish_reason: str, source) -> RewardSample:
+    """What a scorer sees of one response: its text, and the ground truth, data source and extra info of its
+    prompt (`source`: the prompt, or the sample's info, which carries them)."""
+    ended = finish_reason == "stop" and bool(response_ids) and response_ids[-1] == tokenizer.eos_token_id
+    text = tokenizer.decode(response_ids, skip_special_tokens=True)
+    return RewardSample(text, source.ground_truth, source.data_source, ended, source.extra_info)
+
+
+def wall_clock(monotonic: float) -> float:
+    """time.time() of a past time.monotonic() reading (timeline rows are wall-clock)."""
+    return time.time() - (time.monotonic() - monotonic)
 
 
 def model_score(ctx, inputs):

@@ -1,7 +1,11 @@
 """generate: each engine owner samples rollout.n responses per prompt of its shard (with several engines
-and rollout.balance=steal, idle engines take chunks of busy ones; the samples come back to their shard)."""
+and rollout.balance=steal, idle engines take chunks of busy ones; the samples come back to their shard).
+With reward.stream, each prompt group goes to the reward pool as soon as its last response finishes, so the
+scorers work while the engine generates the rest; the score node then collects those rewards."""
 
 import time
+
+from distflow.nodes.reward import reward_sample
 
 
 def generate(ctx, inputs):
@@ -14,10 +18,32 @@ def generate_samples(ctx, prompts) -> tuple:
     """(this rank's samples or None, their rollout/* metrics): the work of the generate node, for callers
     that generate more than once in a step (dynamic sampling) and keep the metrics they choose."""
     start = time.perf_counter()
-    rollout = ctx.workers.rollout
-    samples = rollout.generate(prompts, ctx.tokenizer.eos_token_id, step=ctx.step.step, balance=True)
+    rollout, pool = ctx.workers.rollout, ctx.workers.reward_pool
+    if not (pool is not None and rollout.owner and streams_rewards(ctx.cfg)):
+        samples = rollout.generate(prompts, ctx.tokenizer.eos_token_id, step=ctx.step.step, balance=True)
+        return samples, _metrics(ctx, samples, start)
+
+    def on_group(sample_ids, prompt, group):
+        scored = [reward_sample(ctx.tokenizer, s.response_ids, s.finish_reason, prompt) for s in group]
+        pool.submit(sample_ids, scored)
+
+    with pool.streaming():
+        samples = rollout.generate(
+            prompts, ctx.tokenizer.eos_token_id, step=ctx.step.step, balance=True, on_group=on_group
+        )
+        metrics = _metrics(ctx, samples, start)
+        # How much of the scoring the generation hid (the score node waits for the rest).
+        metrics["reward/scored_during_generation"] = pool.scored(samples.sample_ids.tolist()) / max(
+            len(samples), 1
+        )
+    return samples, metrics
+
+
+def _metrics(ctx, samples, start: float) -> dict[str, float]:
+    """The rollout/* metrics of this rank's samples (none on ranks without an engine)."""
     if samples is None:
-        return None, {}
+        return {}
+    rollout = ctx.workers.rollout
     infos = list(samples.infos.values())
     lengths = [len(i.response_ids) for i in infos]
     prompt_lengths = [i.prompt_len for i in infos]
@@ -49,7 +75,14 @@ def generate_samples(ctx, prompts) -> tuple:
                 "rollout/engine_tokens_max_over_mean": max(per_engine) / mean if mean else 1.0,
             }
         )
-    return samples, {k: float(v) for k, v in metrics.items()}
+    return {k: float(v) for k, v in metrics.items()}
+
+
+def streams_rewards(cfg) -> bool:
+    """Whether the training rollout's groups are scored as they finish (reward.stream): with the pool's
+    rule-based or custom rewards, and not for a rollout submitted ahead (rollout.partial), whose requests
+    finish while the rank does other work."""
+    return cfg.reward.stream and cfg.reward.model_path is None and not cfg.rollout.partial
 
 
 def partial_fraction(infos) -> float:

@@ -10,10 +10,12 @@ worker, again at every respawn after a timeout) while fork is unsafe beside CUDA
 are plain interpreters (_worker.py). tests/rewards/test_reward_pool.py checks that they never import torch.
 """
 
+import contextlib
 import logging
 import math
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from collections import deque
@@ -67,6 +69,22 @@ class RewardPool:
         self._workers: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _shutdown, self._workers)
         self.last_errors: list[tuple[int, str]] = []  # (sample index, message) of the latest batch
+        # Scoring state, shared by score_batch and the samples submitted ahead (streaming): a job per key.
+        self._jobs: dict = {}  # key -> (scorer path, kwargs), until its outcome is in
+        self._pending: deque = deque()  # keys waiting for an idle worker
+        self._outcomes: dict = {}  # key -> ("ok", reward) | ("error" | "timeout", message), until claimed
+        self._ahead: set = set()  # keys submitted ahead and not claimed yet
+        self.submitted_at: dict = {}  # key -> time.monotonic() of its submission (streamed samples)
+        self.finished_at: dict = {}  # key -> when its outcome came in
+        self._batches = 0
+        self._generation = 0  # begin_stream's count: internal keys are (generation, caller's key)
+        self._failed_starts = 0
+        self._lock = (
+            threading.RLock()
+        )  # poll() and submit() from the generating thread and streaming()'s feeder
+        self.last_stream: tuple[float, float, int] | None = None
+        """Of the latest score_batch: (first submission, last outcome, count) of the samples it claimed that
+        had been submitted ahead (time.monotonic()), or None."""
 
     @classmethod
     def from_config(cls, cfg) -> "RewardPool":
@@ -75,26 +93,158 @@ class RewardPool:
         (distflow.nodes.reward.model_score); the pool still scores validation answers by reward.name."""
         return cls(cfg.name, cfg.custom, cfg.num_workers, cfg.timeout_s)
 
-    def score_batch(self, samples: list[RewardSample | Mapping]) -> tuple[list[float], dict[str, float]]:
+    def score_batch(
+        self, samples: list[RewardSample | Mapping], keys: list | None = None
+    ) -> tuple[list[float], dict[str, float]]:
         """Rewards in the order of `samples`, and stats: reward/mean, reward/max, reward/min (when the batch
         is not empty), reward/errors, reward/timeouts. Raises only for a sample whose scorer cannot be chosen
-        (reward.name=auto and an unknown data_source): that is a data/config error, not a scorer failure."""
-        samples = [s if isinstance(s, RewardSample) else RewardSample(**s) for s in samples]
-        jobs = [
-            (
-                scorer_path(self.name, self.custom, s.data_source),
+        (reward.name=auto and an unknown data_source): that is a data/config error, not a scorer failure.
+
+        keys: one per sample (the samples' ids); a sample whose key was `submit`ted ahead since the last
+        `begin_stream` takes that result (or waits for it) instead of being scored again."""
+        if keys is None:
+            keys = [("batch", self._batches, i) for i in range(len(samples))]
+            self._batches += 1
+        keys = [(self._generation, k) for k in keys]
+        ahead = [k for k in keys if k in self._ahead]
+        todo = [(k, s) for k, s in zip(keys, samples) if k not in self._ahead]
+        if todo:
+            with self._lock:
+                self._submit([k for k, _ in todo], [s for _, s in todo])
+        outcomes = self._wait_for(keys)
+        self.last_stream = None
+        if ahead:  # (first submission, last outcome, samples): when the streamed ones were scored
+            self.last_stream = (
+                min(self.submitted_at[k] for k in ahead),
+                max(self.finished_at[k] for k in ahead),
+                len(ahead),
+            )
+        for k in keys:
+            self._ahead.discard(k)
+            self.submitted_at.pop(k, None)
+            self.finished_at.pop(k, None)
+        return self._summarize(outcomes)
+
+    # --- streaming: scoring samples while others are still being generated -------------------------------
+
+    @contextlib.contextmanager
+    def streaming(self):
+        """Around a generation whose samples are `submit`ted as they finish: forgets what an earlier one left
+        unclaimed (begin_stream), and keeps the workers fed from a thread meanwhile (the generating thread
+        submits only when a group finishes; in between the workers would idle after each sample)."""
+        self.begin_stream()
+        stop = threading.Event()
+        feeder = threading.Thread(target=self._feed, args=(stop,), name="reward-pool-feeder", daemon=True)
+        feeder.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            feeder.join()
+
+    def _feed(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            with self._lock:
+                conns = [w.conn for w in self._workers if not w.dead and (not w.ready or w.task is not None)]
+            if conns:
+                try:
+                    wait(conns, timeout=0.05)
+                except (OSError, ValueError):  # a worker killed and its pipe closed by the other thread
+                    pass
+            else:
+                stop.wait(0.005)
+            with self._lock:
+                self.poll()
+
+    def begin_stream(self) -> None:
+        """Forgets every result submitted ahead and not claimed (a new generation starts: its keys may be the
+        same sample ids; a sample of the old one still being scored is dropped when its outcome comes in)."""
+        self._generation += 1
+        self._ahead.clear()
+        self._outcomes.clear()
+        self._pending.clear()
+        self._jobs.clear()
+        self.submitted_at.clear()
+        self.finished_at.clear()
+
+    def submit(self, keys: list, samples: list[RewardSample | Mapping]) -> None:
+        """Queues `samples` for scoring without waiting (score_batch(..., keys) claims them); their scoring
+        starts at once on idle workers and proceeds while the caller does other work, as far as `poll`
+        hands out the rest. With num_workers=0 they are scored now, in this process."""
+        with self._lock:
+            self._submit([(self._generation, k) for k in keys], samples)
+
+    def _submit(self, keys: list, samples: list) -> None:
+        now = time.monotonic()
+        for key, sample in zip(keys, samples):
+            sample = sample if isinstance(sample, RewardSample) else RewardSample(**sample)
+            self._jobs[key] = (
+                scorer_path(self.name, self.custom, sample.data_source),
                 dict(
-                    solution_str=s.response,
-                    ground_truth=s.ground_truth,
-                    extra_info=s.extra_info,
-                    data_source=s.data_source,
-                    ended_with_eos=s.ended_with_eos,
+                    solution_str=sample.response,
+                    ground_truth=sample.ground_truth,
+                    extra_info=sample.extra_info,
+                    data_source=sample.data_source,
+                    ended_with_eos=sample.ended_with_eos,
                 ),
             )
-            for s in samples
-        ]
-        rewards = [0.0] * len(jobs)
-        outcomes = self._run_inline(jobs) if self.num_workers == 0 else self._run_in_workers(jobs)
+            self._ahead.add(key)
+            self.submitted_at[key] = now
+            if self.num_workers == 0:
+                self._outcomes[key] = self._run_inline(self._jobs.pop(key))
+                self.finished_at[key] = time.monotonic()
+            else:
+                self._pending.append(key)
+        self.poll()
+
+    def scored(self, keys: list) -> int:
+        """How many of the samples submitted under `keys` have their outcome (collecting what is in first)."""
+        with self._lock:
+            self.poll()
+            return sum((self._generation, k) in self._outcomes for k in keys)
+
+    def poll(self, wait_s: float = 0.0) -> None:
+        """Collects what the workers finished and hands them queued samples; waits up to wait_s for one of
+        them to answer (0: never blocks)."""
+        if self.num_workers == 0:
+            return
+        busy = sum(w.task is not None for w in self._workers)
+        while len(self._workers) < min(self.num_workers, busy + len(self._pending)):
+            self._workers.append(_Worker(self._preload))
+        for i, w in enumerate(self._workers):
+            if w.dead:
+                w = self._workers[i] = _Worker(self._preload)
+            if w.ready and w.task is None and self._pending:
+                key = self._pending.popleft()
+                if not w.submit(key, self._jobs[key], self.timeout_s):
+                    self._pending.appendleft(key)  # the worker had died while idle; its replacement takes it
+        live = [w for w in self._workers if not w.dead and (not w.ready or w.task is not None)]
+        if live and wait_s > 0:
+            deadline = min(w.deadline for w in live)
+            wait([w.conn for w in live], timeout=max(0.0, min(wait_s, deadline - time.monotonic())))
+        for w in live:
+            result = w.poll()
+            if result is None:
+                continue
+            key, status, value = result
+            if key is not None:
+                self._failed_starts = 0
+                if self._jobs.pop(key, None) is not None:  # else: of a generation forgotten since
+                    self._outcomes[key] = (status, value)
+                    self.finished_at[key] = time.monotonic()
+            else:  # a worker that died before its first sample: a broken environment, not a scorer
+                self._failed_starts += 1
+                if self._failed_starts >= 3:
+                    raise RuntimeError(f"reward: scoring workers keep failing to start: {value}")
+
+    def _wait_for(self, keys: list) -> list[tuple[str, Any]]:
+        while any(k not in self._outcomes for k in keys):
+            with self._lock:
+                self.poll(wait_s=1.0)
+        return [self._outcomes.pop(k) for k in keys]
+
+    def _summarize(self, outcomes: list[tuple[str, Any]]) -> tuple[list[float], dict[str, float]]:
+        rewards = [0.0] * len(outcomes)
         errors, timeouts, self.last_errors = 0, 0, []
         for i, (status, value) in enumerate(outcomes):
             if status == "ok":
@@ -108,7 +258,7 @@ class RewardPool:
                 "reward: %d errors and %d timeouts in %d samples; first: sample %d: %s",
                 errors,
                 timeouts,
-                len(jobs),
+                len(outcomes),
                 *self.last_errors[0],
             )
         stats = {"reward/errors": float(errors), "reward/timeouts": float(timeouts)}
@@ -132,45 +282,13 @@ class RewardPool:
     def __exit__(self, *exc):
         self.close()
 
-    def _run_inline(self, jobs) -> list[tuple[str, Any]]:
-        outcomes = []
-        for path, kwargs in jobs:
-            try:
-                outcomes.append(("ok", load_scorer(path)(**kwargs)))
-            except Exception as e:
-                outcomes.append(("error", f"{type(e).__name__}: {e}"))
-        return outcomes
-
-    def _run_in_workers(self, jobs) -> list[tuple[str, Any]]:
-        outcomes: list = [None] * len(jobs)
-        pending = deque(range(len(jobs)))
-        failed_starts = 0
-        while len(self._workers) < min(self.num_workers, len(jobs)):
-            self._workers.append(_Worker(self._preload))
-        while pending or any(w.task is not None for w in self._workers):
-            for i, w in enumerate(self._workers):
-                if w.dead:
-                    w = self._workers[i] = _Worker(self._preload)
-                if w.ready and w.task is None and pending:
-                    task = pending.popleft()
-                    if not w.submit(task, jobs[task], self.timeout_s):
-                        pending.appendleft(task)  # the worker had died while idle; its replacement takes it
-            live = [w for w in self._workers if not w.dead and (not w.ready or w.task is not None)]
-            if live:
-                wait(
-                    [w.conn for w in live], timeout=max(0.0, min(w.deadline for w in live) - time.monotonic())
-                )
-            for w in live:
-                result = w.poll()
-                if result is not None:
-                    task, status, value = result
-                    if task is not None:
-                        outcomes[task] = (status, value)
-                    else:  # a worker that died before its first sample: a broken environment, not a scorer
-                        failed_starts += 1
-                        if failed_starts >= 3:
-                            raise RuntimeError(f"reward: scoring workers keep failing to start: {value}")
-        return outcomes
+    @staticmethod
+    def _run_inline(job) -> tuple[str, Any]:
+        path, kwargs = job
+        try:
+            return "ok", load_scorer(path)(**kwargs)
+        except Exception as e:
+            return "error", f"{type(e).__name__}: {e}"
 
 
 class _Worker:

@@ -47,7 +47,8 @@ REDUCTIONS: tuple[tuple[re.Pattern, Reduction], ...] = tuple(
         ),
         # Rollout / reward means are over each engine owner's own samples: weight by its sample count.
         (
-            r"^rollout/(response|prompt)_length/(mean|clip_ratio)$|^rollout/(staleness_mean|partial_fraction)$",
+            r"^rollout/(response|prompt)_length/(mean|clip_ratio)$|^rollout/(staleness_mean|partial_fraction)$"
+            r"|^reward/scored_during_generation$",
             _weighted_by("rollout/samples"),
         ),
         (r"^reward/mean$", _weighted_by("reward/samples")),

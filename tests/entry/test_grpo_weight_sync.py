@@ -132,3 +132,24 @@ def test_short_run_logs_the_documented_names(short_run):
     for rank in (0, 1):
         traces = list((out / "profile" / f"rank{rank}").glob(f"rank{rank}_step2.*.pt.trace.json"))
         assert len(traces) == 1 and json.loads(traces[0].read_text())["traceEvents"], rank
+
+
+@pytest.mark.slow
+def test_groups_are_scored_while_the_rest_generate(short_run):
+    """reward.stream (on by default): each rank's groups went to the reward pool as they finished; the
+    timeline's reward_stream row (first submission to last reward) starts inside the generate node's span."""
+    out, _ = short_run
+    for rank in (0, 1):
+        rows = [
+            json.loads(line) for line in (out / "timeline" / f"rank{rank}.jsonl").read_text().splitlines()
+        ]
+        for step in (1, 2, 3):
+            (generate,) = [r for r in rows if r["step"] == step and r["node"] == "generate"]
+            (streamed,) = [r for r in rows if r["step"] == step and r["node"] == "reward_stream"]
+            assert streamed["samples"] == 4 * 8, streamed  # this rank's 4 prompts x rollout.n
+            assert generate["start"] <= streamed["start"] < generate["end"] <= streamed["end"] + 1.0, (
+                generate,
+                streamed,
+            )
+    for row in metrics_rows(out):
+        assert 0.0 <= row["reward/scored_during_generation"] <= 1.0, row

@@ -57,6 +57,29 @@ def test_inline_mode_counts_errors():
     assert rewards == [1.0, 0.0, 0.0] and stats["reward/errors"] == 2
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_samples_submitted_ahead_are_claimed_by_key(workers):
+    """Streaming: samples submitted while others generate are scored once; score_batch with their keys takes
+    those results; a new stream forgets what the last one left unclaimed, though its keys come again."""
+    with RewardPool(custom="scorers_for_tests:misbehaving", num_workers=workers, timeout_s=5) as pool:
+        pool.begin_stream()
+        pool.submit([10, 11, 12], [sample("ok"), sample("no"), sample("raise")])
+        deadline = time.monotonic() + 60
+        while len(pool.finished_at) < 3 and time.monotonic() < deadline:
+            pool.poll(wait_s=0.1)  # the generation loop's polls: the three finish before they are claimed
+        rewards, stats = pool.score_batch(
+            [sample("ok"), sample("no"), sample("raise"), sample("ok")], [10, 11, 12, 13]
+        )
+        assert rewards == [1.0, 0.0, 0.0, 1.0] and stats["reward/errors"] == 1
+        first, last, count = pool.last_stream
+        assert count == 3 and first <= last
+        # Claimed results are not claimed twice; what a forgotten stream left is not taken for a new sample.
+        pool.submit([20], [sample("ok")])
+        pool.begin_stream()
+        assert pool.score_batch([sample("no")], [20])[0] == [0.0] and pool.last_stream is None
+        assert pool.score_batch([sample("ok")], [10])[0] == [1.0]
+
+
 def test_auto_selects_by_data_source():
     pool = RewardPool("auto", num_workers=0)
     rewards, stats = pool.score_batch(

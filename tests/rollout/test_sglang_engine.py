@@ -315,6 +315,23 @@ def test_submitted_generation_without_an_update_equals_generate(started):
     assert state_of(engine).in_flight == []
 
 
+def test_streamed_generation_hands_over_each_group_and_samples_the_same(started):
+    """on_group (reward.stream) gets each prompt's n samples once, as they finish; the requests are the same
+    batch, so the samples equal one plain generate call's."""
+    groups = {}
+    samples = generate(
+        started["engine"], PROMPTS, on_group=lambda p, g: groups.setdefault(p, []).append(g), **SAMPLING
+    )
+    expected = started["first_samples"]
+    assert [s.response_ids for s in samples] == [s.response_ids for s in expected]
+    assert [s.logprobs for s in samples] == [s.logprobs for s in expected]
+    assert sorted(groups) == [0, 1] and all(len(calls) == 1 for calls in groups.values())
+    for prompt, (group,) in groups.items():
+        assert [s.response_ids for s in group] == [
+            s.response_ids for s in expected if s.prompt_index == prompt
+        ]
+
+
 def test_a_weight_update_interrupts_and_continues_generation_in_flight(started, tiny_qwen2):
     """Submitted, then new weights while it generates: each interrupted sample keeps the tokens it had (the
     old version's), and every token after the update carries the new version with the log-prob the new

@@ -21,11 +21,14 @@ class ChunkRun:
     peak_in_flight: int  # most chunks in flight at once
 
 
-def generate_claimed_chunks(engine, board, seed_of_home, budget_tokens: int, **sampling) -> ChunkRun:
+def generate_claimed_chunks(
+    engine, board, seed_of_home, budget_tokens: int, on_chunk=None, **sampling
+) -> ChunkRun:
     """Runs chunks from `board.claim()` on `engine` until it returns None.
 
     seed_of_home(home engine) -> the call seed of that home's partition (seed_of_home None: unseeded), so a
-    sample's seed does not depend on the engine that generates it. `sampling`: sglang_engine.generate's n,
+    sample's seed does not depend on the engine that generates it. on_chunk(chunk, samples): called as each
+    chunk finishes, while others still generate (streaming). `sampling`: sglang_engine.generate's n,
     temperature, top_p, top_k, max_new_tokens, stop_token_ids, stop. Engine death: EngineDiedError.
     """
     peak = 0
@@ -59,6 +62,8 @@ def generate_claimed_chunks(engine, board, seed_of_home, budget_tokens: int, **s
                     chunk = pending.pop(task)
                     outstanding -= chunk.est_tokens
                     generated[chunk] = task.result()
+                    if on_chunk is not None:
+                        on_chunk(chunk, generated[chunk])
         finally:
             for task in pending:
                 task.cancel()

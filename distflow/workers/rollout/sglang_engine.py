@@ -20,6 +20,7 @@ Who calls: the rollout worker on the rank that owns an engine (rank 0 of a rollo
 
 import asyncio
 import atexit
+import collections
 import contextlib
 import dataclasses
 import difflib
@@ -187,6 +188,7 @@ def generate(
     stop: list[str] | None = None,
     seed: int | None = None,
     first_prompt_index: int = 0,
+    on_group=None,
 ) -> list[RolloutSample]:
     """Samples `n` responses per prompt; returns len(prompt_ids) * n samples, prompt-major.
 
@@ -206,6 +208,9 @@ def generate(
     by one, which makes the batch composition, and so the sampled tokens, depend on timing.
     Every sample carries the engine's weight version. Raises StaleEngineError, before sending anything, on an
     engine whose last weight update did not complete (engine_state).
+    `on_group(prompt_index, samples)`: called with a prompt's n samples as soon as the last of them finishes,
+    while the others still generate (streaming: the caller scores them meanwhile); the same requests are
+    sent either way, so the samples do not change.
     """
     version, requests, kwargs = prepare_requests(
         engine,
@@ -220,8 +225,40 @@ def generate(
         seed,
         first_prompt_index,
     )
-    outputs = engine_health.call(engine, "generate", engine.generate, **kwargs)
+    if on_group is not None and streams_whole_outputs(engine):
+        run = _streamed(engine, kwargs, requests, version, on_group)
+        outputs = engine_health.call(engine, "generate", engine.loop.run_until_complete, run)
+    else:
+        outputs = engine_health.call(engine, "generate", engine.generate, **kwargs)
     return [_to_sample(i, out, version) for (i, _), out in zip(requests, outputs)]
+
+
+async def _streamed(engine, kwargs: dict, requests: list, version: int, on_group) -> list[dict]:
+    """The outputs of one batch call made with stream=True, calling on_group for each prompt whose samples
+    have all finished. Each request streams only its first token and its end (stream_interval past
+    max_new_tokens): two messages per request, not one per token."""
+    params = [dict(p, stream_interval=p["max_new_tokens"] + 1) for p in kwargs["sampling_params"]]
+    outputs: list = [None] * len(requests)
+    left = collections.Counter(prompt for prompt, _ in requests)
+    members = collections.defaultdict(list)
+    stream = await engine.async_generate(**dict(kwargs, sampling_params=params), stream=True)
+    async for out in stream:
+        if out["meta_info"].get("finish_reason") is None:
+            continue
+        at = out.get("index", 0)  # a batch of one carries no index
+        outputs[at] = out
+        prompt = requests[at][0]
+        members[prompt].append(at)
+        left[prompt] -= 1
+        if not left[prompt]:
+            on_group(prompt, [_to_sample(prompt, outputs[i], version) for i in sorted(members.pop(prompt))])
+    return outputs
+
+
+def streams_whole_outputs(engine) -> bool:
+    """True where a streamed output holds the whole response so far (SGLang's default), so its last message
+    is the whole output; incremental_streaming_output engines send only what is new."""
+    return not getattr(getattr(engine, "server_args", None), "incremental_streaming_output", False)
 
 
 async def generate_async(

@@ -110,6 +110,7 @@ class RolloutWorker:
         greedy: bool = False,
         n: int | None = None,
         balance: bool = False,
+        on_group=None,
     ) -> PackedBatch | None:
         """Samples rollout.n responses per prompt on this rank's engine; None on ranks without an engine.
         The batch's `infos` hold each sample's SampleInfo. `step` (the RL step) is part of every sampling
@@ -119,28 +120,41 @@ class RolloutWorker:
         engines, the prompts are generated in chunks, under rollout.balance=steal by whichever engine is free
         (see work_stealing), and each sample returns here; ids, groups, seeds and the returned batch do not
         depend on which engine generated a prompt. `balance_stats` then holds the step's stolen_groups and
-        per-engine generated tokens."""
+        per-engine generated tokens.
+
+        on_group(sample_ids, prompt, samples) (streaming): called with each prompt group this engine generated
+        for its own partition as soon as the group's last sample finishes, while the rest still generate;
+        sample_ids are the ids those samples have in the returned batch. Groups another engine generated for
+        this partition, and rollouts submitted ahead (rollout.partial), are not streamed."""
         if not self.owner:
             return None
 
         self.make_resident()
         sampling = self._sampling(eos_token_id, greedy, n)
+        base = self.engine_index * ID_STRIDE
+        streamed = None
+        if on_group is not None:  # sample ids as below: prompt-major, n per prompt
+
+            def streamed(prompt_index, samples):
+                first = base + prompt_index * sampling["n"]
+                on_group(list(range(first, first + len(samples))), prompts[prompt_index], samples)
+
         in_flight = self.in_flight.pop(step, None) if balance else None
         if in_flight is not None:  # submitted earlier (partial rollouts): what is left of it, then all of it
             outs = in_flight.result()
         elif balance and self.num_engines > 1:
-            outs = self._generate_chunks(prompts, step, greedy, sampling)
+            outs = self._generate_chunks(prompts, step, greedy, sampling, streamed)
         else:
             outs = sglang_engine.generate(
                 self.engine,
                 [p.input_ids for p in prompts],
                 seed=self.sampling_seed(self.engine_index, step, greedy),
+                on_group=streamed,
                 **sampling,
             )
         if self.release_between_steps:
             sglang_engine.release_memory(self.engine)
             self.released = set(sglang_engine.ENGINE_MEMORY)
-        base = self.engine_index * ID_STRIDE
         ids, groups, tokens, masks, logprobs, infos = [], [], [], [], [], {}
         for i, s in enumerate(outs):
             prompt = prompts[s.prompt_index]
@@ -213,8 +227,9 @@ class RolloutWorker:
         one would have, whatever engine generated a prompt and whatever it generated before."""
         return None if greedy else (self.cfg.trainer.seed * 1_000_003 + step) * 4099 + home_engine
 
-    def _generate_chunks(self, prompts, step: int, greedy: bool, sampling: dict) -> list:
-        """This partition's samples (prompt-major, as sglang_engine.generate) through claimed chunks."""
+    def _generate_chunks(self, prompts, step: int, greedy: bool, sampling: dict, on_group=None) -> list:
+        """This partition's samples (prompt-major, as sglang_engine.generate) through claimed chunks;
+        on_group(prompt_index, samples) for each prompt of the chunks of its own this engine generates."""
         r = self.cfg.rollout
         prompt_ids = [list(p.input_ids) for p in prompts]
         chunks = work_stealing.split_into_chunks(
@@ -240,6 +255,7 @@ class RolloutWorker:
             board,
             None if greedy else lambda home: self.sampling_seed(home, step),
             r.balance_outstanding_tokens,
+            on_chunk=None if on_group is None else _per_prompt(self.engine_index, sampling["n"], on_group),
             **sampling,
         )
         mine, self.balance_stats = board.finish(run.generated, run.tokens)
@@ -282,6 +298,19 @@ class RolloutWorker:
             if engine is not None:
                 sglang_engine.shutdown_engine(engine)
         self.engine = self.node_engine = None
+
+
+def _per_prompt(engine_index: int, n: int, on_group):
+    """on_chunk(chunk, samples) -> on_group(prompt_index, samples of that prompt), for this engine's own
+    chunks (a stolen chunk's samples belong to another engine's partition)."""
+
+    def on_chunk(chunk, samples):
+        if chunk.home != engine_index:
+            return
+        for at in range(0, len(samples), n):
+            on_group(samples[at].prompt_index, samples[at : at + n])
+
+    return on_chunk
 
 
 def engine_log_path(cfg, engine_index: int, node_rank: int = 0) -> Path:
