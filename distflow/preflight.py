@@ -10,6 +10,8 @@ key must stay instant.
 """
 
 import difflib
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,7 @@ from distflow.dag.graph import PipelineError
 from distflow.dag.loading import RUNNABLE, SMOKE, load_pipeline
 from distflow.dag.roles import ranks_of_role
 from distflow.data.prompts import DataError, PromptDataset
+from distflow.plan.model_size import ModelArch
 from distflow.rewards.registry import (
     BUILTIN_SCORERS,
     EXPECTED_SIGNATURE,
@@ -28,6 +31,9 @@ from distflow.rewards.registry import (
     scorer_path,
 )
 
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_ADAM_BYTES_PER_PARAM = 12  # fp32 main weights, first and second moments
+
 
 @dataclass
 class PreflightReport:
@@ -35,11 +41,12 @@ class PreflightReport:
 
     prompts: dict = field(default_factory=dict)
     """split -> prompts kept (train, val)."""
+    warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def describe(self) -> str:
         data = ", ".join(f"{n} {split} prompts" for split, n in self.prompts.items()) or "no data (smoke)"
-        return f"pre-flight checks passed in {self.seconds:.1f} s: {data}"
+        return "\n".join([f"pre-flight checks passed in {self.seconds:.1f} s: {data}", *self.warnings])
 
 
 def preflight(cfg: DistFlowConfig, cluster=None) -> PreflightReport:
@@ -53,6 +60,7 @@ def preflight(cfg: DistFlowConfig, cluster=None) -> PreflightReport:
     if cfg.dag.pipeline != "smoke":  # the smoke run makes its own copy-task data
         report.prompts = check_data(cfg)
     check_resume(cfg)  # last: the checkpointing package imports torch (seconds)
+    report.warnings += check_output_dir(cfg)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -150,6 +158,45 @@ def check_resume(cfg: DistFlowConfig) -> None:
         resolve_resume(cfg.checkpoint.resume, cfg.trainer.output_dir)
     except CheckpointError as err:
         raise ConfigError(str(err)) from None
+
+
+def check_output_dir(cfg: DistFlowConfig) -> list[str]:
+    """trainer.output_dir can be written, and its disk holds at least one checkpoint of the actor (weights
+    and Adam state), before anything is written; returns a warning when it cannot hold the
+    checkpoint.keep_last + 1 that exist while a new one is saved."""
+    out = Path(cfg.trainer.output_dir).absolute()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(
+            f"trainer.output_dir={out} is a file; point it at a folder (it is created if missing)"
+        )
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+    if read_only or not os.access(existing, os.W_OK | os.X_OK):
+        why = "on a read-only file system" if read_only else "not writable by this user"
+        raise ConfigError(
+            f"trainer.output_dir={out}: cannot write there ({existing} is {why}); choose a folder this job "
+            "can write to"
+        )
+    try:
+        params = ModelArch.from_json(cfg.model.path).total_params
+    except Exception:  # noqa: BLE001 - an architecture the planner does not count: no size to check against
+        return []
+    one = params * (_DTYPE_BYTES.get(cfg.model.dtype, 4) + _ADAM_BYTES_PER_PARAM)
+    free = shutil.disk_usage(existing).free
+    if one > free:
+        raise ConfigError(
+            f"trainer.output_dir={out}: {free / 2**30:.2f} GiB free on its disk, but one checkpoint of this "
+            f"run takes about {one / 2**30:.2f} GiB ({params / 1e9:.2f} B parameters: weights and Adam "
+            "state); free space or point trainer.output_dir at a larger disk"
+        )
+    copies = cfg.checkpoint.keep_last + 1
+    if one * copies > free:
+        return [
+            f"warning: trainer.output_dir={out}: {free / 2**30:.2f} GiB free, {copies} checkpoints of about "
+            f"{one / 2**30:.2f} GiB each exist while one is saved (checkpoint.keep_last={cfg.checkpoint.keep_last}): "
+            "a save may run out of space"
+        ]
+    return []
 
 
 def check_data(cfg: DistFlowConfig) -> dict:

@@ -14,6 +14,7 @@ files are tied to ranks (a different layout gets a CheckpointError naming what d
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -26,7 +27,7 @@ from distflow.checkpointing.directory import (
     resolve_resume,
     structure_problems,
 )
-from distflow.checkpointing.errors import CheckpointError
+from distflow.checkpointing.errors import CheckpointError, CheckpointWriteError
 from distflow.checkpointing.model_folder import record_hf_source
 from distflow.checkpointing.rng import capture_rng_state, restore_rng_state
 from distflow.checkpointing.worker_state import load_worker, save_worker
@@ -118,8 +119,35 @@ class Checkpointer:
     ) -> Path:
         """Writes step_<step> (all ranks), then points `latest` at it and prunes (rank 0); returns its path.
         `rank_state`: this rank's further state (picklable), read back from `self.rank_state` after restore.
-        `extra`: small JSON values of rank 0 to keep in meta.json (read back from `self.meta` on resume)."""
+        `extra`: small JSON values of rank 0 to keep in meta.json (read back from `self.meta` on resume).
+        A failure while writing (disk full, ...) raises CheckpointWriteError naming the folder; the steps
+        saved before stay intact (the new one is written aside and only renamed once complete)."""
         staging = self.directory.staging(step)
+        try:
+            return self._save(staging, step, workers, loader, run_id, rank_state, extra)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as err:  # torch.distributed.checkpoint's CheckpointException is a BaseException
+            raise CheckpointWriteError(self._write_failure(step, staging, err)) from err
+
+    def _write_failure(self, step: int, staging: Path, err: Exception) -> str:
+        try:
+            free = f"{shutil.disk_usage(staging.parent).free / 2**30:.2f} GiB free there"
+        except OSError as exc:
+            free = f"its disk unreadable: {exc.strerror}"
+        try:
+            latest = self.directory.latest()
+        except CheckpointError:  # a damaged `latest`: resume=auto picks the newest intact step anyway
+            latest = None
+        kept = (
+            f"the last complete checkpoint, {latest}, is intact" if latest else "no earlier checkpoint exists"
+        )
+        return (
+            f"rank {self.rank}: writing checkpoint step {step} to {staging} failed ({free}); {kept}; the "
+            f"unfinished folder is removed by the next save. Cause: {type(err).__name__}: {err}"
+        )
+
+    def _save(self, staging: Path, step: int, workers: dict, loader, run_id, rank_state, extra) -> Path:
         if self.rank == 0:
             self.directory.prepare_staging(step)
             for role in workers:

@@ -165,6 +165,12 @@ class RolloutConfig:
         "Longest wait for other engines' chunk plans, stolen chunks' samples and totals in a step; null: "
         "trainer.dist_timeout_s (the job's bound on every wait).",
     )
+    call_timeout_s: Optional[float] = option(
+        None,
+        "Longest an engine call may take (a generate over the step's batch, a weight update) before the engine "
+        "counts as stalled and the run stops with an error naming it; null: trainer.dist_timeout_s (the job's "
+        "bound on every wait). Raise it for rollouts that take longer.",
+    )
     max_staleness: int = option(
         0,
         "Bounded staleness: a sample may be trained on by a policy up to this many weight versions newer "

@@ -67,11 +67,15 @@ def test_resume_continues_exactly(model, tmp_path, tp, dist_opt):
         assert torch.equal(tensor, resumed["weights"][name]), name
 
 
-def test_crash_mid_save_keeps_previous_checkpoint(model, tmp_path):
+def test_disk_full_mid_save_is_named_and_keeps_previous_checkpoint(model, tmp_path):
     with pytest.raises(JobFailed, match="exit code") as failed:
         run_case(model, tmp_path, "crash")
-    assert "fault injected half-way through the checkpoint save" in str(failed.value)
     root = tmp_path / "checkpoints"
+    # The rank that failed first names the folder it could not write and what is left intact.
+    assert f"writing checkpoint step 2 to {root / '.incomplete_step_2'} failed (" in str(failed.value), str(
+        failed.value
+    )[-3000:]
+    assert f"the last complete checkpoint, {root / 'step_1'}, is intact" in str(failed.value)
     assert (root / "latest").read_text().strip() == "step_1"
     assert (root / ".incomplete_step_2" / "actor").is_dir()  # the half-written save, never read
     assert not (root / "step_2").exists()

@@ -116,6 +116,14 @@ CASES = {
         ["dag.pipeline=dapo", "algorithm.overlong_buffer_len=100"],
         ["algorithm.overlong_buffer_len=100", "rollout.max_new_tokens=8"],
     ),
+    "output_dir_is_a_file": (
+        ["trainer.output_dir={tmp}/train.jsonl"],
+        ["trainer.output_dir=", "train.jsonl is a file"],
+    ),
+    "output_disk_too_small": (  # a 122-trillion-parameter config: no disk holds its checkpoint
+        ["model.path={tmp}/huge_model"],
+        ["trainer.output_dir=", "GiB free on its disk, but one checkpoint of this run takes about"],
+    ),
     "user_pipeline_missing": (
         ["dag.pipeline={tmp}/pipe.py:build"],
         ["dag.pipeline", "pipe.py", "no such file"],
@@ -152,6 +160,12 @@ def outcome(tmp_path_factory):
             }
         )
     )
+    huge = tmp / "huge_model"
+    train_tiny_tokenizer(300).save_pretrained(huge)
+    huge_config = json.loads((model / "config.json").read_text())
+    huge_config.update(num_hidden_layers=2000, num_attention_heads=64, num_key_value_heads=8)
+    huge_config.update(hidden_size=65536, intermediate_size=262144)
+    (huge / "config.json").write_text(json.dumps(huge_config))
     train = _write(tmp / "train.parquet", _rows(16))
     _write(tmp / "empty.parquet", [], schema=pa.Table.from_pylist(_rows(1)).schema)
     _write(tmp / "nocol.parquet", [{k: v for k, v in r.items() if k != "reward_model"} for r in _rows(2)])

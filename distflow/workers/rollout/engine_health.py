@@ -10,6 +10,10 @@ processes every `poll_s`; when one is gone it marks the engine dead and stale (e
 is waiting it stops the engine's event loop, so the call raises EngineDiedError with the tail of the
 engine's log, within about poll_s. Later calls raise EngineDiedError at once. SIGQUIT from SGLang's
 children is only logged (the monitor decides).
+
+A process that is alive but stuck (frozen, deadlocked, stopped) is caught by the call deadline instead:
+with `call_timeout_s`, a call still waiting after that long stops the loop the same way, and the engine
+counts as dead (EngineTimeoutError: it may still hold half-served requests, so nothing more is sent to it).
 """
 
 import logging
@@ -28,6 +32,11 @@ TAIL_LINES = 40
 
 class EngineDiedError(RuntimeError):
     """A process of the SGLang engine died; the engine serves nothing more (restart it)."""
+
+
+class EngineTimeoutError(EngineDiedError):
+    """An engine call did not finish within its deadline (a stalled or frozen engine); the engine serves
+    nothing more."""
 
 
 def log_tail(path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
@@ -53,11 +62,14 @@ class EngineMonitor:
     """Watches one engine's child processes (psutil.Process objects taken at start, so a reused pid is no
     false alarm). Call `call()` around every request that waits on the engine."""
 
-    def __init__(self, engine, processes, log_path, poll_s: float = 0.5):
+    def __init__(self, engine, processes, log_path, poll_s: float = 0.5, call_timeout_s: float | None = None):
         self.processes, self.log_path, self.poll_s = list(processes), log_path, poll_s
+        self.call_timeout_s = call_timeout_s
+        """Deadline of every call (None: none); the rollout worker sets rollout.call_timeout_s."""
         self.loop = engine.loop
         self._engine = weakref.ref(engine)
         self.dead_reason: str | None = None
+        self.timed_out = False
         self.in_call = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="sglang-engine-monitor", daemon=True)
@@ -104,16 +116,31 @@ class EngineMonitor:
             self.loop.call_soon_threadsafe(self.loop.stop)
 
     def error(self, what: str) -> EngineDiedError:
-        return EngineDiedError(
+        kind = EngineTimeoutError if self.timed_out else EngineDiedError
+        return kind(
             with_log_tail(
                 f"SGLang engine: {self.dead_reason} (during or before {what}); it serves nothing more",
                 self.log_path,
             )
         )
 
+    def _time_out(self, what: str) -> None:
+        if self.dead_reason is None:
+            self.timed_out = True
+            self.mark_dead(
+                f"{what} did not finish within {self.call_timeout_s:g} s (rollout.call_timeout_s, default "
+                "trainer.dist_timeout_s): the engine is stalled or frozen, or the call needs a longer bound"
+            )
+
     def call(self, what: str, fn, *args, **kwargs):
-        """fn(*args, **kwargs); raises EngineDiedError (with the log tail) if the engine is or becomes dead."""
+        """fn(*args, **kwargs); raises EngineDiedError (with the log tail) if the engine is or becomes dead,
+        EngineTimeoutError if it runs past call_timeout_s."""
         self.in_call = True
+        deadline = None
+        if self.call_timeout_s is not None:
+            deadline = threading.Timer(self.call_timeout_s, self._time_out, args=(what,))
+            deadline.daemon = True
+            deadline.start()
         try:
             if self.dead_reason is not None:
                 raise self.error(what)
@@ -127,6 +154,8 @@ class EngineMonitor:
                 raise self.error(what) from exc
             raise
         finally:
+            if deadline is not None:
+                deadline.cancel()
             self.in_call = False
 
 
@@ -137,8 +166,9 @@ def _name(proc) -> str:
         return "?"
 
 
-def watch(engine, log_path, poll_s: float = 0.5) -> EngineMonitor:
-    """Starts monitoring `engine`'s child processes (sglang_engine.start_engine calls this)."""
+def watch(engine, log_path, poll_s: float = 0.5, call_timeout_s: float | None = None) -> EngineMonitor:
+    """Starts monitoring `engine`'s child processes (sglang_engine.start_engine calls this); call_timeout_s
+    bounds every call (None: unbounded)."""
     processes = []
     for pid in engine.get_all_child_pids():
         try:
@@ -147,7 +177,7 @@ def watch(engine, log_path, poll_s: float = 0.5) -> EngineMonitor:
             raise EngineDiedError(
                 with_log_tail(f"SGLang engine process {pid} died during start-up", log_path)
             )
-    monitor = _monitors[engine] = EngineMonitor(engine, processes, log_path, poll_s).start()
+    monitor = _monitors[engine] = EngineMonitor(engine, processes, log_path, poll_s, call_timeout_s).start()
     return monitor
 
 

@@ -94,6 +94,7 @@ def start_engine(
     extra_args: dict | None = None,
     startup_timeout_s: float = 300,
     log_path=None,
+    call_timeout_s: float | None = None,
 ):
     """Starts an `sglang.Engine` for `model_path` (a local Hugging Face directory or a hub id); returns it.
 
@@ -103,7 +104,7 @@ def start_engine(
     log_path: the file the engine's processes write their output to (appended; its directory is created);
     None: a new file in the temporary directory. engine_health.log_path_of(engine) returns it.
     Raises EngineStartError, ending with the log's tail, if the engine is not ready within
-    `startup_timeout_s`.
+    `startup_timeout_s`. call_timeout_s: the deadline of every later call on it (engine_health; None: none).
     """
     device = device or ("cuda" if cuda_available() else "cpu")
     model_path = str(model_path)
@@ -145,7 +146,7 @@ def start_engine(
             raise EngineStartError(with_log_tail(guard.describe_failure(TimeoutError()), log_path))
     if not follower:  # followers run no tokenizer manager: rank 0 of the engine serves every request
         engine_process.take_sigquit(engine)
-    engine_health.watch(engine, log_path)
+    engine_health.watch(engine, log_path, call_timeout_s=call_timeout_s)
     logger.info(
         "SGLang engine for %s (tp=%d, %s) ready in %.1f s; its log: %s",
         model_path,

@@ -96,6 +96,7 @@ class RolloutWorker:
                 mem_fraction_static=cfg.rollout.mem_fraction_static,
                 extra_args=args,
                 log_path=engine_log_path(cfg, self.engine_index, node_rank),
+                call_timeout_s=cfg.rollout.call_timeout_s or cfg.trainer.dist_timeout_s,
             )
             if self.owner:
                 self.engine = engine

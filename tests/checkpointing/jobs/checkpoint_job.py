@@ -6,7 +6,7 @@ The world is one actor layout (tp=, dp= from the world size). Training batches a
 generator, one per step, each rank taking its data-parallel share. Cases:
   straight  trains steps 1..4 with a checkpoint at step 2; writes the metrics and weights of steps 3..4
   resumed   a fresh worker resumes (checkpoint.resume=auto) from RUN_DIR and trains steps 3..4; writes the same
-  crash     saves step 1, trains step 2, then fails (an exception on every rank) half-way through saving step 2
+  crash     saves step 1, trains step 2, then its disk fills up (a file size limit) while it saves step 2
   after_crash  resumes from RUN_DIR; writes the restored step and the weights (those saved at step 1)
   nan       steps whose loss is NaN are skipped; max_consecutive_bad_steps in a row raise
   export    trains steps 1..2, checkpoints step 2, and exports the actor as the trainer's final export does
@@ -21,6 +21,8 @@ import argparse
 import dataclasses
 import os
 import random
+import resource
+import signal
 import sys
 from types import SimpleNamespace
 
@@ -169,8 +171,6 @@ def main() -> None:
             "weights": worker.export_hf_state(),
         }
     elif args.case == "crash":
-        from distflow.checkpointing import trainer_state
-
         ckpt = checkpointer(args.dir, save_every=1)
         train(worker, par, loader, [1])
         ckpt.save(1, {"actor": worker}, loader, run_id="run0")
@@ -178,16 +178,11 @@ def main() -> None:
         if dist.get_rank() == 0:
             torch.save(weights, os.path.join(args.dir, "weights_step1.pt"))
         train(worker, par, loader, [2])
-        real_save = trainer_state.save_worker
-
-        def save_then_die(w, folder):  # the model/optimizer shards are written, rank files and meta are not
-            real_save(w, folder)
-            dist.barrier()
-            # An exception rather than os._exit: Megatron's writer keeps a spawned multiprocessing manager,
-            # which a hard exit orphans (it would hold the job's output pipe open).
-            raise RuntimeError("fault injected half-way through the checkpoint save")
-
-        trainer_state.save_worker = save_then_die
+        # The disk fills up half-way through step 2's save: past 64 KiB, every file write fails (EFBIG, as
+        # ENOSPC would) in this process and the writer processes it forks. Step 2's small rank files and
+        # metadata could be written; its model and optimizer shards cannot.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
         ckpt.save(2, {"actor": worker}, loader, run_id="run0")
     elif args.case == "after_crash":
         ckpt = checkpointer(args.dir)
