@@ -10,7 +10,7 @@ computes, so the scorer workers (reward.num_workers per rank) overlap the engine
 reward.stream=false the reward node scores the batch after generation; with true, each group goes to the
 workers as its last response finishes, and the reward node only waits for what is left. Printed per job:
 seconds per step and of the generate and reward nodes (the first --skip steps left out), the share of
-samples scored before generation ended (reward/scored_during_generation), and one step's timeline of rank
+samples scored before generation ended (perf/scored_during_generation), and one step's timeline of rank
 0 (<output_dir>/timeline/rank0.jsonl: generate, reward_stream = first submission to last reward, reward).
 Last line: the ratios of stream over no stream. The rewards of the two jobs are equal step by step (same
 seeds, same samples): checked and printed.
@@ -129,7 +129,7 @@ def _summarize(out: Path, skip: int) -> dict:
         "step_s": statistics.mean(r["timing_s/step"] for r in steady),
         "generate_s": statistics.mean(r["timing_s/generate"] for r in steady),
         "reward_s": statistics.mean(r["timing_s/reward"] for r in steady),
-        "scored_during": statistics.mean(r.get("reward/scored_during_generation", 0.0) for r in steady),
+        "scored_during": statistics.mean(r.get("perf/scored_during_generation", 0.0) for r in steady),
     }
 
 

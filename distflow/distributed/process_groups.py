@@ -57,13 +57,33 @@ def init_process_group(device: str, timeout_s: int) -> RankEnv:
         if "MASTER_ADDR" not in os.environ:  # a plain single-process run, outside torchrun
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(
             backend="gloo" if device == "cpu" else "nccl",
             rank=env.rank,
             world_size=env.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=timeout,
+            store=_attempt_store(env, timeout),
         )
     return env
+
+
+def _attempt_store(env: RankEnv, timeout: datetime.timedelta):
+    """Under torchrun, the key-value store of this restart attempt: the agent's store (it lives across
+    restarts) with keys under the attempt's number. The default env:// store shares the keys of every
+    attempt, so a restarted rank can read a dead rank's address from the failed attempt before its
+    successor writes its own, and gloo then fails with 'connectFullMesh ... Connection refused' (torchrun
+    --max-restarts never resumed). None outside torchrun: env:// as usual."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        env.world_size,
+        is_master=False,
+        timeout=timeout,
+    )
+    return dist.PrefixStore(f"distflow/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def initialize_megatron_groups(layout: ParallelLayout, placement: Placement, timeout_s: int) -> bool:

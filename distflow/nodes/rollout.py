@@ -33,7 +33,7 @@ def generate_samples(ctx, prompts) -> tuple:
         )
         metrics = _metrics(ctx, samples, start)
         # How much of the scoring the generation hid (the score node waits for the rest).
-        metrics["reward/scored_during_generation"] = pool.scored(samples.sample_ids.tolist()) / max(
+        metrics["perf/scored_during_generation"] = pool.scored(samples.sample_ids.tolist()) / max(
             len(samples), 1
         )
     return samples, metrics

@@ -28,13 +28,17 @@ def torchrun(
     env: dict | None = None,
     module: bool = False,
     cwd: str | None = None,
+    max_restarts: int = 0,
 ) -> str:
-    """Runs `torchrun --standalone --nproc-per-node nproc target args...`; returns combined output.
+    """Runs `torchrun --standalone --nproc-per-node nproc [--max-restarts k] target args...`; returns combined
+    output.
 
     target is a script path, or a module name when module=True. Raises JobFailed with the output's tail on
     a non-zero exit or on timeout (the whole process group is killed).
     """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    if max_restarts:
+        cmd.append(f"--max-restarts={max_restarts}")
     cmd += ["-m", target] if module else [str(target)]
     cmd += [str(a) for a in args]
     return run(cmd, timeout_s=timeout_s, env=env, cwd=cwd)

@@ -48,7 +48,7 @@ REDUCTIONS: tuple[tuple[re.Pattern, Reduction], ...] = tuple(
         # Rollout / reward means are over each engine owner's own samples: weight by its sample count.
         (
             r"^rollout/(response|prompt)_length/(mean|clip_ratio)$|^rollout/(staleness_mean|partial_fraction)$"
-            r"|^reward/scored_during_generation$",
+            r"|^perf/scored_during_generation$",
             _weighted_by("rollout/samples"),
         ),
         (r"^reward/mean$", _weighted_by("reward/samples")),

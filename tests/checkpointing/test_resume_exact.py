@@ -1,7 +1,9 @@
 """Exact resume of the real product (`distflow.train`, 2 CPU processes, Megatron actor at TP=2, one SGLang
-engine per rank, GRPO on the tiny copy task): 4 steps straight vs the same run resumed, in a fresh job with
-fresh engines, from its step-2 checkpoint. Steps 3 and 4 must give the same metrics (<= 1e-6) and the same
-final weights. This needs every piece of state: Megatron model + Adam state + LR schedule, each rank's RNG and
+engine per rank, GRPO on the tiny copy task): 4 steps straight vs the same job under `torchrun
+--max-restarts 1` whose first attempt loses a rank (SIGKILL) after its step-2 checkpoint: torchrun starts it
+again, the new attempt re-forms its process groups (no stale peers of the dead one) and resumes from step 2
+by itself (checkpoint.resume=auto). Steps 3 and 4 must give the same metrics (<= 1e-6) and the same final
+weights, and metrics.jsonl must hold each step once. This needs every piece of state: Megatron model + Adam state + LR schedule, each rank's RNG and
 prompt-loader position, the engines' weights (synced from the restored actor), and sampling seeds that are a
 function of (trainer.seed, step, sample) rather than of what the engine generated before; with a KL term, the
 reference made from the warmed-up actor as well. The last checkpoint, exported by tools/convert_megatron_to_hf.py,
@@ -9,8 +11,9 @@ is byte for byte the trainer's own final export (<output_dir>/hf).
 """
 
 import json
-import shutil
+import os
 import sys
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
@@ -32,6 +35,9 @@ _TIMED = (
     "rollout/engine_tokens_max_over_mean",
 )
 TOL = 1e-6
+SCORER_ON_PATH = {
+    "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+}
 
 
 def _records(path):
@@ -57,6 +63,7 @@ def test_resume_gives_the_same_steps(tmp_path):
         "checkpoint.export_hf=true",
         # A KL term: the reference is the warmed-up actor's copy, which the checkpoint must carry too.
         "algorithm.kl_coef=0.05",
+        "reward.custom=rank_killing_scorer:score",  # the copy reward; a rank killer where the test asks
     ]
     straight = tmp_path / "straight"
     torchrun(
@@ -64,6 +71,7 @@ def test_resume_gives_the_same_steps(tmp_path):
         nproc=2,
         module=True,
         timeout_s=900,
+        env=SCORER_ON_PATH,
         args=[*common, f"trainer.output_dir={straight}"],
     )
     assert (straight / "checkpoints" / "latest").read_text().strip() == "step_4"
@@ -75,22 +83,19 @@ def test_resume_gives_the_same_steps(tmp_path):
         p.name: p.read_bytes() for p in (straight / "hf").iterdir()
     }
 
-    # The resumed run continues the straight run's metrics file (JSONL appended; its steps 3-4 dropped first).
+    # The same job, restarted by torchrun after a rank of its first attempt is killed past step 2's checkpoint.
     resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    shutil.copy(straight / "metrics.jsonl", resumed / "metrics.jsonl")
     out = torchrun(
         "distflow.train",
         nproc=2,
         module=True,
         timeout_s=900,
-        args=[
-            *common,
-            f"trainer.output_dir={resumed}",
-            f"checkpoint.resume={straight / 'checkpoints' / 'step_2'}",
-        ],
+        max_restarts=1,
+        env={**SCORER_ON_PATH, "DISTFLOW_TEST_KILL_AFTER": str(resumed / "checkpoints" / "latest")},
+        args=[*common, f"trainer.output_dir={resumed}"],
     )
-    assert "resumed from" in out and "supervised warm-up" not in out, out[-3000:]
+    assert "exitcode  : -9" in out or "exitcode: -9" in out, out[-3000:]  # the first attempt lost a rank
+    assert "resumed from" in out and out.count("supervised warm-up") == 1, out[-3000:]
 
     a, b = _records(straight / "metrics.jsonl"), _records(resumed / "metrics.jsonl")
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]

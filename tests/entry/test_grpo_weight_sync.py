@@ -152,4 +152,4 @@ def test_groups_are_scored_while_the_rest_generate(short_run):
                 streamed,
             )
     for row in metrics_rows(out):
-        assert 0.0 <= row["reward/scored_during_generation"] <= 1.0, row
+        assert 0.0 <= row["perf/scored_during_generation"] <= 1.0, row

@@ -69,16 +69,24 @@ def take_sigquit(engine) -> None:
     """SGLang installs, on the engine's event loop at its first request, a SIGQUIT handler that kills the
     caller's process tree; install it now and replace it with one that only logs (engine_health's monitor
     turns a death into an error). Signal handlers belong to the main thread; elsewhere SGLang installs
-    none on the loop and the process handler (on_engine_sigquit) applies."""
+    none on the loop and the process handler (on_engine_sigquit) applies.
+
+    SGLang also takes SIGTERM there, for a server's graceful shutdown, on the loop: a rank waiting in a
+    collective (C code, the loop not running) then ignored SIGTERM until torchrun's SIGKILL 30 s later, its
+    engine already gone and reported dead. SIGTERM gets back what it had before (by default: the rank ends
+    at once, with the engine processes, which torchrun signals alike)."""
     if threading.current_thread() is not threading.main_thread():
         return
     manager = engine.tokenizer_manager
+    sigterm = signal.getsignal(signal.SIGTERM)
 
     async def create_sglang_handle_loop():  # on the engine's loop: outside it SGLang would make a new one
         manager.auto_create_handle_loop()
 
     engine.loop.run_until_complete(create_sglang_handle_loop())
     engine.loop.add_signal_handler(signal.SIGQUIT, _log_sigquit)
+    engine.loop.remove_signal_handler(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, sigterm)
 
 
 def _log_sigquit():
