@@ -9,6 +9,8 @@ if [[ "${DRY_RUN:-0}" == 1 ]]; then
 fi
 
 export CUDA_DEVICE_MAX_CONNECTIONS=1             # Megatron: keep TP/SP communication ordered with compute
+# A rank that dies (OOM, a lost GPU, an engine crash) restarts the job, which resumes from its last complete
+# checkpoint (checkpoint.resume=auto), up to MAX_RESTARTS times (docs/fault_tolerance.md).
 exec torchrun --nnodes "${NNODES}" --node-rank "${NODE_RANK}" --master-addr "${MASTER_ADDR}" \
-    --master-port "${MASTER_PORT}" --nproc-per-node "${GPUS_PER_NODE}" \
+    --master-port "${MASTER_PORT}" --nproc-per-node "${GPUS_PER_NODE}" --max-restarts "${MAX_RESTARTS:-2}" \
     -m distflow.train "${CONFIG}" "${OVERRIDES[@]}"

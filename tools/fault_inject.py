@@ -1,0 +1,267 @@
+"""Fault injection: the README-sized GRPO job under `torchrun --max-restarts`, with one process killed or
+frozen at a random point of each run, then checks of what a cluster user relies on.
+
+Example: python tools/fault_inject.py --runs 20 --seed 1          (about 2 minutes a run on 2 CPU cores)
+         python tools/fault_inject.py --runs 4 --faults kill_rank,stop_rank
+
+Each run is `distflow.train` on the copy task (examples/configs/grpo_copy_cpu.yaml: 2 processes, actor
+TP=2, one SGLang engine per rank) for --steps steps with a checkpoint every 2, trainer.dist_timeout_s =
+--bound-s and torchrun --max-restarts 2. Once the run has checkpointed (step 2) or at a random later point,
+one fault hits a random process of the job:
+  kill_rank          SIGKILL of a training rank (the OOM killer, a lost node)
+  kill_engine        SIGKILL of an SGLang scheduler (an engine crash)
+  kill_reward_worker SIGKILL of a reward scorer process (a scorer that crashes its interpreter)
+  stop_rank          SIGSTOP of a training rank (a frozen process: a hung driver, a paused VM)
+Checked per run: the job ends (no hang past the bound: --bound-s + torchrun's 30 s grace + a restart), with
+exit code 0 after as many restarts as the fault needs (none for a scorer worker: the pool replaces it and
+the sample scores 0); metrics.jsonl holds steps 1..T exactly once; every checkpoint folder left is intact
+against its manifest; and, for the faults that restart from a checkpoint, the final weights equal an
+uninterrupted run's (exact resume). A killed scorer changes a reward, so its run is not compared. Last
+line: the tally. Exit code 1 if any run failed a check.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from safetensors.torch import load_file
+
+from distflow.checkpointing.directory import CheckpointDirectory, structure_problems
+from distflow.models.tiny import make_tiny_model
+from distflow.testing.launch import REPO_ROOT as REPO
+from distflow.testing.launch import run
+
+FAULTS = ("kill_rank", "kill_engine", "kill_reward_worker", "stop_rank")
+RESTARTING = {"kill_rank", "kill_engine", "stop_rank"}  # faults the job survives by restarting
+
+
+@dataclass
+class Outcome:
+    fault: str
+    target: str = "-"
+    at_step: int = 0
+    rc: int | None = None
+    seconds: float = 0.0
+    restarts: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=1, help="chooses the faults, targets and moments")
+    parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
+    parser.add_argument("--steps", type=int, default=6, help="RL steps per run (checkpoints every 2)")
+    parser.add_argument("--bound-s", type=int, default=60, help="trainer.dist_timeout_s: the bound on a wait")
+    parser.add_argument("--work-dir", default=None, help="default: a temporary folder")
+    args = parser.parse_args(argv)
+    faults = [f.strip() for f in args.faults.split(",")]
+    unknown = sorted(set(faults) - set(FAULTS))
+    if unknown:
+        parser.error(f"--faults: unknown {unknown}; choose from {', '.join(FAULTS)}")
+    if args.steps < 4:
+        parser.error("--steps must be >= 4 (a checkpoint at step 2 and steps after it)")
+    rng = random.Random(args.seed)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="fault_inject_"))
+    model, data = _task(work, args)
+
+    print(f"[fault_inject] reference run (no fault), {args.steps} steps ...", flush=True)
+    reference = work / "reference"
+    shutil.rmtree(reference, ignore_errors=True)
+    _job(model, data, reference, args)
+    ref_weights = load_file(reference / "hf" / "model.safetensors")
+
+    outcomes = []
+    for i in range(args.runs):
+        fault = rng.choice(faults)
+        after_step = rng.randint(2, args.steps - 1)  # strike once this step's metrics row is written
+        out = work / f"run{i}"
+        shutil.rmtree(out, ignore_errors=True)
+        print(f"[fault_inject] run {i}: {fault} after step {after_step} ...", flush=True)
+        outcome = _faulted_run(model, data, out, fault, after_step, rng, args)
+        outcome.problems += _check(out, args.steps, fault, ref_weights)
+        outcomes.append(outcome)
+        status = "ok" if not outcome.problems else "FAILED: " + "; ".join(outcome.problems)
+        print(
+            f"  {fault} ({outcome.target}) after step {outcome.at_step}: rc {outcome.rc}, "
+            f"{outcome.restarts} restart(s), {outcome.seconds:.0f} s; {status}",
+            flush=True,
+        )
+    failed = [o for o in outcomes if o.problems]
+    by_fault = {f: sum(o.fault == f for o in outcomes) for f in faults}
+    print(
+        f"fault injection: {len(outcomes) - len(failed)}/{len(outcomes)} runs survived with every check "
+        f"passing ({', '.join(f'{f} x{n}' for f, n in by_fault.items())}); slowest "
+        f"{max((o.seconds for o in outcomes), default=0):.0f} s"
+    )
+    return 1 if failed else 0
+
+
+def _task(work: Path, args) -> tuple[Path, Path]:
+    model = make_tiny_model("qwen2", work / "model", vocab=300)
+    data = work / "copy"
+    if not (data / "train.parquet").is_file():
+        run(
+            [sys.executable, REPO / "tools/prepare_data.py", "copy", "--out", data, "--digits", "4"]
+            + ["--train", "400", "--test", "8", "--seed", "1"],
+            timeout_s=300,
+        )
+    return model, data
+
+
+def _command(model: Path, data: Path, out: Path, args) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--max-restarts=2",
+        "-m",
+        "distflow.train",
+        "examples/configs/grpo_copy_cpu.yaml",
+        f"model.path={model}",
+        f"data.train_files=[{data}/train.parquet]",
+        "data.val_files=[]",
+        "trainer.val_every=0",
+        "trainer.sft_warmup_steps=2",
+        "data.train_batch_size=8",
+        "rollout.n=4",
+        f"trainer.total_steps={args.steps}",
+        "checkpoint.save_every=2",
+        f"trainer.dist_timeout_s={args.bound_s}",
+        "tracking.backends=[jsonl]",
+        f"trainer.output_dir={out}",
+    ]
+
+
+def _job(model: Path, data: Path, out: Path, args) -> None:
+    run(_command(model, data, out, args), timeout_s=_limit(args))
+
+
+def _limit(args) -> float:
+    """The longest a run may take: three attempts, each bounded (start-up, steps, a wait that times out)."""
+    return 3 * (240 + 20 * args.steps + args.bound_s + 30)
+
+
+def _faulted_run(model, data, out: Path, fault: str, after_step: int, rng, args) -> Outcome:
+    outcome = Outcome(fault, at_step=after_step)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = (out.parent / f"{out.name}.log").open("w")
+    start = time.monotonic()
+    job = subprocess.Popen(
+        _command(model, data, out, args),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+    )
+    striker = threading.Thread(target=_strike, args=(job, out, fault, after_step, rng, outcome), daemon=True)
+    striker.start()
+    try:
+        outcome.rc = job.wait(timeout=_limit(args))
+    except subprocess.TimeoutExpired:
+        outcome.problems.append(f"no exit within {_limit(args):.0f} s (a hang)")
+    finally:
+        _kill_tree(job)
+        log.close()
+    outcome.seconds = time.monotonic() - start
+    text = (out.parent / f"{out.name}.log").read_text(errors="replace")
+    outcome.restarts = max(0, text.count("pre-flight checks passed") - 1)  # rank 0 logs it once an attempt
+    if outcome.rc != 0:
+        outcome.problems.append(f"exit code {outcome.rc} (log: {out.parent / (out.name + '.log')})")
+    if outcome.target == "-":
+        outcome.problems.append("the fault found no target (the run ended first?)")
+    return outcome
+
+
+def _strike(job, out: Path, fault: str, after_step: int, rng, outcome: Outcome) -> None:
+    """Waits for step `after_step`'s metrics row, then hits one process of the job's first attempt."""
+    metrics = out / "metrics.jsonl"
+    while job.poll() is None:
+        rows = metrics.read_text().splitlines() if metrics.is_file() else []
+        if len(rows) >= after_step:
+            break
+        time.sleep(0.2)
+    time.sleep(rng.uniform(0.0, 2.0))  # somewhere inside the next step: generation, scoring, training, sync
+    targets = _targets(job.pid, fault)
+    if not targets:
+        return
+    name, proc = rng.choice(targets)
+    outcome.target = name
+    try:
+        proc.send_signal(signal.SIGSTOP if fault == "stop_rank" else signal.SIGKILL)
+    except psutil.NoSuchProcess:
+        outcome.target = f"{name} (gone before the fault)"
+
+
+def _targets(root_pid: int, fault: str) -> list[tuple[str, psutil.Process]]:
+    found = []
+    try:
+        procs = psutil.Process(root_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    for proc in procs:
+        try:
+            cmdline = " ".join(proc.cmdline())
+            environ = proc.environ() if fault in ("kill_rank", "stop_rank") else {}
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if (
+            fault in ("kill_rank", "stop_rank")
+            and "-m distflow.train" in cmdline
+            and "torch.distributed.run" not in cmdline
+        ):
+            found.append((f"rank {environ.get('RANK', '?')}", proc))
+        elif fault == "kill_engine" and "scheduler" in (proc.name() + cmdline).lower():
+            found.append((f"engine scheduler {proc.pid}", proc))
+        elif fault == "kill_reward_worker" and "distflow.rewards._worker" in cmdline:
+            found.append((f"reward worker {proc.pid}", proc))
+    return found
+
+
+def _kill_tree(job) -> None:
+    try:
+        os.killpg(job.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    job.wait()
+
+
+def _check(out: Path, steps: int, fault: str, ref_weights: dict) -> list[str]:
+    problems = []
+    metrics = out / "metrics.jsonl"
+    rows = (
+        [json.loads(line)["step"] for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+    )
+    if rows != list(range(1, steps + 1)):
+        problems.append(f"metrics.jsonl steps {rows}, not 1..{steps} once each")
+    directory = CheckpointDirectory.of_run(out)
+    for step in directory.complete_steps():
+        for problem in structure_problems(directory.final(step)):
+            problems.append(f"checkpoint step_{step}: {problem}")
+    final = out / "hf" / "model.safetensors"
+    if fault in RESTARTING and final.is_file():
+        weights = load_file(final)
+        worst = max((weights[n] - t).abs().max().item() for n, t in ref_weights.items())
+        if worst > 1e-6:
+            problems.append(f"final weights differ from the uninterrupted run's by {worst:.2e}")
+    elif not final.is_file():
+        problems.append("no final export (the run did not finish)")
+    return problems
+
+
+if __name__ == "__main__":
+    sys.exit(main())
