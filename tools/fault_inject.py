@@ -85,7 +85,9 @@ def main(argv=None) -> int:
     outcomes = []
     for i in range(args.runs):
         fault = rng.choice(faults)
-        after_step = rng.randint(2, args.steps - 1)  # strike once this step's metrics row is written
+        after_step = rng.randint(
+            2, args.steps - 2
+        )  # strike once this step's metrics row is written: steps remain
         out = work / f"run{i}"
         shutil.rmtree(out, ignore_errors=True)
         print(f"[fault_inject] run {i}: {fault} after step {after_step} ...", flush=True)
@@ -195,7 +197,7 @@ def _strike(job, out: Path, fault: str, after_step: int, rng, outcome: Outcome) 
         if len(rows) >= after_step:
             break
         time.sleep(0.2)
-    time.sleep(rng.uniform(0.0, 2.0))  # somewhere inside the next step: generation, scoring, training, sync
+    time.sleep(rng.uniform(0.0, 1.0))  # somewhere inside the next step: generation, scoring, training, sync
     targets = _targets(job.pid, fault)
     if not targets:
         return
