@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 from distflow.models.tiny import make_tiny_model
+from distflow.testing.copy_task import copy_job_args
 from distflow.testing.launch import REPO_ROOT as REPO
 from distflow.testing.launch import run, torchrun
 
@@ -115,11 +116,7 @@ def _train(model: Path, data: Path, out: Path, level: str, args) -> None:
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         cwd=str(REPO),
         args=[
-            "examples/configs/grpo_copy_cpu.yaml",
-            f"model.path={model}",
-            f"data.train_files=[{data}/train.parquet]",
-            "data.val_files=[]",
-            "trainer.val_every=0",
+            *copy_job_args(model, data, out),
             "trainer.sft_warmup_steps=0",
             "rollout.placement=disaggregated",
             "rollout.num_ranks=1",
@@ -135,7 +132,6 @@ def _train(model: Path, data: Path, out: Path, level: str, args) -> None:
             "checkpoint.keep_last=1",
             "checkpoint.export_hf=false",
             "tracking.backends=[jsonl]",
-            f"trainer.output_dir={out}",
         ],
     )
 

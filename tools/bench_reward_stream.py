@@ -28,6 +28,7 @@ from pathlib import Path
 
 from distflow.models.tiny import make_tiny_model
 from distflow.rewards import copy_task
+from distflow.testing.copy_task import copy_job_args
 from distflow.testing.launch import REPO_ROOT as REPO
 from distflow.testing.launch import run, torchrun
 
@@ -100,11 +101,7 @@ def _train(model: Path, data: Path, out: Path, stream: bool, args) -> None:
         env={**os.environ, DELAY_ENV: str(args.delay_ms / 1000)},
         cwd=str(REPO),
         args=[
-            "examples/configs/grpo_copy_cpu.yaml",
-            f"model.path={model}",
-            f"data.train_files=[{data}/train.parquet]",
-            "data.val_files=[]",
-            "trainer.val_every=0",
+            *copy_job_args(model, data, out),
             "trainer.sft_warmup_steps=2",
             f"reward.custom={Path(__file__).resolve()}:slow_copy",
             f"reward.num_workers={args.workers}",
@@ -116,7 +113,6 @@ def _train(model: Path, data: Path, out: Path, stream: bool, args) -> None:
             "checkpoint.save_every=0",
             "checkpoint.export_hf=false",
             "tracking.backends=[jsonl]",
-            f"trainer.output_dir={out}",
         ],
     )
 

@@ -39,6 +39,7 @@ from safetensors.torch import load_file
 
 from distflow.checkpointing.directory import CheckpointDirectory, structure_problems
 from distflow.models.tiny import make_tiny_model
+from distflow.testing.copy_task import copy_job_args
 from distflow.testing.launch import REPO_ROOT as REPO
 from distflow.testing.launch import run
 
@@ -132,11 +133,7 @@ def _command(model: Path, data: Path, out: Path, args) -> list[str]:
         "--max-restarts=2",
         "-m",
         "distflow.train",
-        "examples/configs/grpo_copy_cpu.yaml",
-        f"model.path={model}",
-        f"data.train_files=[{data}/train.parquet]",
-        "data.val_files=[]",
-        "trainer.val_every=0",
+        *copy_job_args(model, data, out),
         "trainer.sft_warmup_steps=2",
         "data.train_batch_size=8",
         "rollout.n=4",
@@ -144,7 +141,6 @@ def _command(model: Path, data: Path, out: Path, args) -> list[str]:
         "checkpoint.save_every=2",
         f"trainer.dist_timeout_s={args.bound_s}",
         "tracking.backends=[jsonl]",
-        f"trainer.output_dir={out}",
     ]
 
 

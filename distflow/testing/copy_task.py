@@ -39,3 +39,16 @@ def copy_task(root, *, train: int, test: int = 8) -> tuple[Path, Path]:
 def metrics_rows(out_dir) -> list[dict]:
     """The JSONL metrics a run wrote to <trainer.output_dir>/metrics.jsonl, one dict per step."""
     return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def copy_job_args(model, data, out_dir) -> list[str]:
+    """distflow.train's arguments for the README's main job on the copy task in `data`, training only (no
+    validation), writing to out_dir: the base the tools' benchmark jobs add their own overrides to."""
+    return [
+        "examples/configs/grpo_copy_cpu.yaml",
+        f"model.path={model}",
+        f"data.train_files=[{data}/train.parquet]",
+        "data.val_files=[]",
+        "trainer.val_every=0",
+        f"trainer.output_dir={out_dir}",
+    ]
