@@ -236,7 +236,7 @@ def test_torchrun_command_line(tmp_path):
     result = run_script("grpo_qwen2.5_72b_8nodes.sh", env, args=["trainer.total_steps=5"])
     assert result.returncode == 0, result.stderr
     argv = result.stdout.splitlines()
-    assert argv[:10] == [
+    assert argv[:12] == [
         "--nnodes",
         "8",
         "--node-rank",
@@ -247,8 +247,10 @@ def test_torchrun_command_line(tmp_path):
         "29555",
         "--nproc-per-node",
         "8",
+        "--max-restarts",  # a lost rank restarts the job, which resumes from its last checkpoint
+        "2",
     ]
-    assert argv[10:12] == ["-m", "distflow.train"] and argv[12].endswith("examples/configs/gpu_base.yaml")
+    assert argv[12:14] == ["-m", "distflow.train"] and argv[14].endswith("examples/configs/gpu_base.yaml")
     for item in (
         "model.path=/models/Qwen2.5-72B",
         "actor.tp=8",
