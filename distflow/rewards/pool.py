@@ -73,15 +73,13 @@ class RewardPool:
         self._jobs: dict = {}  # key -> (scorer path, kwargs), until its outcome is in
         self._pending: deque = deque()  # keys waiting for an idle worker
         self._outcomes: dict = {}  # key -> ("ok", reward) | ("error" | "timeout", message), until claimed
-        self._ahead: set = set()  # keys submitted ahead and not claimed yet
-        self.submitted_at: dict = {}  # key -> time.monotonic() of its submission (streamed samples)
+        self.submitted_at: dict = {}  # key -> time.monotonic() of its submission, until claimed
         self.finished_at: dict = {}  # key -> when its outcome came in
         self._batches = 0
         self._generation = 0  # begin_stream's count: internal keys are (generation, caller's key)
         self._failed_starts = 0
-        self._lock = (
-            threading.RLock()
-        )  # poll() and submit() from the generating thread and streaming()'s feeder
+        # poll() and submit() run on the generating thread and on streaming()'s feeder.
+        self._lock = threading.RLock()
         self.last_stream: tuple[float, float, int] | None = None
         """Of the latest score_batch: (first submission, last outcome, count) of the samples it claimed that
         had been submitted ahead (time.monotonic()), or None."""
@@ -106,8 +104,8 @@ class RewardPool:
             keys = [("batch", self._batches, i) for i in range(len(samples))]
             self._batches += 1
         keys = [(self._generation, k) for k in keys]
-        ahead = [k for k in keys if k in self._ahead]
-        todo = [(k, s) for k, s in zip(keys, samples) if k not in self._ahead]
+        ahead = [k for k in keys if k in self.submitted_at]
+        todo = [(k, s) for k, s in zip(keys, samples) if k not in self.submitted_at]
         if todo:
             with self._lock:
                 self._submit([k for k, _ in todo], [s for _, s in todo])
@@ -120,7 +118,6 @@ class RewardPool:
                 len(ahead),
             )
         for k in keys:
-            self._ahead.discard(k)
             self.submitted_at.pop(k, None)
             self.finished_at.pop(k, None)
         return self._summarize(outcomes)
@@ -160,7 +157,6 @@ class RewardPool:
         """Forgets every result submitted ahead and not claimed (a new generation starts: its keys may be the
         same sample ids; a sample of the old one still being scored is dropped when its outcome comes in)."""
         self._generation += 1
-        self._ahead.clear()
         self._outcomes.clear()
         self._pending.clear()
         self._jobs.clear()
@@ -188,7 +184,6 @@ class RewardPool:
                     ended_with_eos=sample.ended_with_eos,
                 ),
             )
-            self._ahead.add(key)
             self.submitted_at[key] = now
             if self.num_workers == 0:
                 self._outcomes[key] = self._run_inline(self._jobs.pop(key))
