@@ -23,6 +23,7 @@ from distflow.dag.failure import FailureSignal
 from distflow.dag.loading import load_pipeline
 from distflow.dag.lookahead import LookaheadRollout
 from distflow.dag.roles import ranks_of_role
+from distflow.dag.streaming import TrainingStream
 from distflow.nodes.context import NodeContext, StepState
 from distflow.nodes.sync import WeightSync
 from distflow.nodes.validation import validate
@@ -64,8 +65,21 @@ class Trainer:
         self.prompts, self.tracker, self.checkpointer = prompts, tracker, checkpointer
         self.coordinator, self.failure = coordinator, failure
         r = self.cfg.rollout
+        stream = TrainingStream.build(self.cfg, controller, coordinator)
+        if stream is not None:
+            run_ctx.log(
+                f"rollout.stream_chunks={r.stream_chunks}: the samples reach the training ranks in "
+                f"{r.stream_chunks} parts, {r.stream_chunks - 1} of them while the engines generate; the "
+                f"log-prob passes of {' and '.join(stream.roles)} run on each part as it arrives"
+            )
         self.rollouts = LookaheadRollout(
-            controller, ctx, prompts.loader, r.max_staleness, self.cfg.trainer.total_steps, r.partial
+            controller,
+            ctx,
+            prompts.loader,
+            r.max_staleness,
+            self.cfg.trainer.total_steps,
+            r.partial,
+            stream=stream,
         )
         workers = ctx.workers
         # What a checkpoint holds: the trained roles, and the reference when it is the warmed-up actor's copy

@@ -1,6 +1,8 @@
 """Benchmarks bounded staleness: the same tiny GRPO job on CPU at rollout.max_staleness 0, 1 and 2, in one run.
 
 Example: python tools/bench_async.py --steps 12          (add partial rollouts: --staleness 0,1,1p)
+         python tools/bench_async.py --staleness 0,0s,1 --kl-coef 0.01 --mini-batches 2
+                                        (lock-step with the samples streamed to the trainer: 0s)
 
 Each job is `distflow.train` on the copy task (examples/configs/grpo_copy_cpu.yaml) in the disaggregated
 placement, 2 processes: rank 0 trains (Megatron actor, TP=1), rank 1 hosts one SGLang engine (TP=1), one
@@ -10,7 +12,11 @@ max(generation, training) instead of their sum: the limit is 2x when the two tak
 runs k with partial rollouts (rollout.partial): the weight sync interrupts the generation in flight, which
 continues under the new weights (rollout/partial_fraction: the share of tokens sampled before a sync). The default
 sizes make them about equal on this 2-core machine. With more busy processes than cores, the overlap is
-bounded by the cores, not by DistFlow: keep one training rank and one engine rank on 2 cores.
+bounded by the cores, not by DistFlow: keep one training rank and one engine rank on 2 cores. A level "0s"
+is lock-step with the samples moving to the actor in parts while the engine generates (--stream-chunks parts:
+the actor's old- and reference-log-prob passes run on them as they arrive); it needs those passes
+(--kl-coef > 0 for the reference, --mini-batches > 1 for the old log-probs). Every other level moves the
+batch whole (stream_chunks=1).
 
 The first --skip steps (start-up, and the batches generated before anything can overlap) are left out of
 the rates, and a job at staleness k runs k steps more than --steps so that every measured step generates
@@ -33,7 +39,7 @@ from distflow.testing.copy_task import copy_job_args
 from distflow.testing.launch import REPO_ROOT as REPO
 from distflow.testing.launch import run, torchrun
 
-TRAINING_NODES = ("old_logprob", "ref_logprob", "train_actor")
+TRAINING_NODES = ("old_logprob", "ref_logprob", "train_actor", "stream_logprobs")
 ROLLOUT_NODES = ("generate", "reward")
 
 
@@ -44,13 +50,35 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--staleness",
         default="0,1,2",
-        help="the max_staleness values, comma-separated; 'kp': k with partial rollouts",
+        help="the max_staleness values, comma-separated; 'kp': k with partial rollouts; '0s': 0 streamed",
+    )
+    parser.add_argument(
+        "--stream-chunks", type=int, default=4, help="rollout.stream_chunks of the '0s' level"
+    )
+    parser.add_argument(
+        "--kl-coef", type=float, default=0.0, help="algorithm.kl_coef (> 0: a reference pass)"
+    )
+    parser.add_argument(
+        "--mini-batches", type=int, default=1, help="optimizer steps per batch (> 1: an old-log-prob pass)"
     )
     parser.add_argument("--batch", type=int, default=16, help="prompts per step (data.train_batch_size)")
     parser.add_argument("--n", type=int, default=8, help="samples per prompt (rollout.n)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=256, help="tiny model width (its FFN is 4x)")
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--digits", type=int, default=4, help="copy-task string length (the longest)")
+    parser.add_argument(
+        "--min-digits",
+        type=int,
+        default=None,
+        help="the shortest (default --digits): responses of many lengths",
+    )
+    parser.add_argument(
+        "--sft-warmup",
+        type=int,
+        default=0,
+        help="trainer.sft_warmup_steps (so the model stops where it should)",
+    )
     parser.add_argument("--work-dir", default=None, help="default: a temporary folder")
     parser.add_argument("--timeout-s", type=float, default=900, help="per job")
     args = parser.parse_args(argv)
@@ -58,8 +86,15 @@ def main(argv=None) -> None:
         parser.error(f"--steps={args.steps} must exceed --skip={args.skip} + 1 to leave steps to measure")
     levels = [level.strip() for level in args.staleness.split(",")]
     for level in levels:
-        if not level.rstrip("p").isdigit() or level == "0p":
-            parser.error(f"--staleness: {level!r} is not k or kp (k >= 0; kp: k >= 1 with partial rollouts)")
+        if not level.rstrip("ps").isdigit() or level == "0p" or (level.endswith("s") and level != "0s"):
+            parser.error(
+                f"--staleness: {level!r} is not k, kp or 0s (k >= 0; kp: k >= 1 with partial rollouts; "
+                "0s: lock-step, streamed to the trainer)"
+            )
+    if "0s" in levels and args.kl_coef == 0 and args.mini_batches == 1:
+        parser.error("--staleness 0s streams the log-prob passes: give --kl-coef > 0 or --mini-batches > 1")
+    if args.batch % args.mini_batches:
+        parser.error(f"--mini-batches={args.mini_batches} must divide --batch={args.batch}")
     if "0" not in levels:
         levels.insert(0, "0")  # the baseline the ratios are over
 
@@ -95,11 +130,13 @@ def _task(work: Path, args) -> tuple[Path, Path]:
         heads=4,
         kv_heads=2,
     )
-    data = work / "copy"
+    shortest = args.min_digits or args.digits
+    data = work / f"copy_{shortest}-{args.digits}"
     if not (data / "train.parquet").is_file():
-        prompts = str(args.batch * (args.steps + 2))
+        prompts = str(args.batch * (args.steps + 2 + args.sft_warmup))
         run(
-            [sys.executable, REPO / "tools/prepare_data.py", "copy", "--out", data, "--digits", "4"]
+            [sys.executable, REPO / "tools/prepare_data.py", "copy", "--out", data]
+            + ["--digits", str(args.digits), "--min-digits", str(shortest)]
             + ["--train", prompts, "--test", "8", "--seed", "1"],
             timeout_s=300,
         )
@@ -107,7 +144,7 @@ def _task(work: Path, args) -> tuple[Path, Path]:
 
 
 def _train(model: Path, data: Path, out: Path, level: str, args) -> None:
-    k, partial = int(level.rstrip("p")), level.endswith("p")
+    k, partial, streamed = int(level.rstrip("ps")), level.endswith("p"), level.endswith("s")
     torchrun(
         "distflow.train",
         nproc=2,
@@ -117,12 +154,15 @@ def _train(model: Path, data: Path, out: Path, level: str, args) -> None:
         cwd=str(REPO),
         args=[
             *copy_job_args(model, data, out),
-            "trainer.sft_warmup_steps=0",
+            f"trainer.sft_warmup_steps={args.sft_warmup}",
             "rollout.placement=disaggregated",
             "rollout.num_ranks=1",
             "actor.tp=1",
             f"rollout.max_staleness={k}",
             f"rollout.partial={str(partial).lower()}",
+            f"rollout.stream_chunks={args.stream_chunks if streamed else 1}",
+            f"algorithm.kl_coef={args.kl_coef}",
+            f"actor.mini_batch_size={args.batch // args.mini_batches}",
             f"data.train_batch_size={args.batch}",
             f"rollout.n={args.n}",
             f"rollout.max_new_tokens={args.max_new_tokens}",

@@ -23,6 +23,12 @@ def main(argv=None) -> dict:
     sym.add_argument("--difficulty", type=float, default=1.0, help="reasoning-gym gsm_symbolic difficulty")
     copy = modes.add_parser("copy", help="the toy copy task (data_source distflow/copy)")
     copy.add_argument("--digits", type=int, default=4)
+    copy.add_argument(
+        "--min-digits",
+        type=int,
+        default=None,
+        help="each string's length uniform in [min-digits, digits] (default: all of --digits)",
+    )
     for generated in (sym, copy):
         generated.add_argument("--train", type=int, required=True, help="training rows")
         generated.add_argument("--test", type=int, required=True, help="test rows (never in train)")
@@ -43,7 +49,7 @@ def main(argv=None) -> dict:
     if args.mode == "gsm_symbolic":
         rows = preparation.gsm_symbolic_rows(args.train, args.test, args.seed, args.difficulty)
     elif args.mode == "copy":
-        rows = preparation.copy_rows(args.digits, args.train, args.test, args.seed)
+        rows = preparation.copy_rows(args.digits, args.train, args.test, args.seed, args.min_digits)
     else:
         to_rows = preparation.gsm8k_rows if args.mode == "gsm8k" else preparation.math_rows
         records = preparation.read_records(args.input)

@@ -187,6 +187,15 @@ class RolloutConfig:
         "generation to end; where it falls depends on timing, so samples are not bit-reproducible. See "
         "docs/async.md.",
     )
+    stream_chunks: int = option(
+        4,
+        "Lock-step disaggregated runs: the samples move to the training ranks in this many parts, all but "
+        "the last while the engines still generate (each engine's finished prompt groups), and the old- "
+        "and reference-log-prob passes run on each part as it arrives instead of after the last response "
+        "(timing_s/stream_logprobs, perf/logprobs_streamed). 1: the batch moves whole after generation. "
+        "No effect when colocated, at max_staleness > 0, or without a log-prob pass in the actor's layout. "
+        "See docs/async.md.",
+    )
     engine_nnodes: int = option(
         1,
         "Nodes one engine spans (engine_tp larger than a node's GPUs): engine_tp / engine_nnodes of its ranks "

@@ -143,6 +143,11 @@ def _check_staleness(cfg: DistFlowConfig) -> None:
             f"rollout.max_staleness={r.max_staleness} must be >= 0 (0: lock-step, k: samples up to k "
             "weight versions old)"
         )
+    if r.stream_chunks < 1:
+        raise ConfigError(
+            f"rollout.stream_chunks={r.stream_chunks} must be >= 1 (1: the samples move whole after "
+            "generation; k: in k parts, k - 1 of them while the engines generate)"
+        )
     if r.partial:
         _check_partial(cfg)
     if r.max_staleness == 0:

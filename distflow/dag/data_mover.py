@@ -7,9 +7,11 @@ input's producer. When both layouts are the same, nothing moves (the local cache
 coordinator moves the PackedBatch, collectively, over the ranks of both layouts.
 """
 
+import contextlib
 from typing import Any
 
 from distflow.coordination.data import DataCoordinator, DataEdge, FieldPlacement, PackedBatch, PlacedLayout
+from distflow.coordination.data.stream_placement import StreamPlacement
 from distflow.dag.graph import Node, Pipeline
 from distflow.layout import ClusterLayout
 
@@ -25,6 +27,17 @@ class CoordinatorMover:
                 self.role_layouts[role] = PlacedLayout.training(layout, cluster.placement)
         self.node_layouts = self._node_layouts(pipeline, rollout)
         self._moved: dict[tuple[str, PlacedLayout], Any] = {}
+        self._placements: dict[PlacedLayout, StreamPlacement] = {}
+
+    @contextlib.contextmanager
+    def placed(self, layout: PlacedLayout, placement: StreamPlacement):
+        """Moves into `layout` keep the DP ranks `placement` gave the samples that went there early
+        (dag/streaming.py), so each sample meets what was computed from it there."""
+        self._placements[layout] = placement
+        try:
+            yield
+        finally:
+            del self._placements[layout]
 
     def _node_layouts(self, pipeline: Pipeline, default: PlacedLayout) -> dict[str, PlacedLayout]:
         producer_of = pipeline.producers()
@@ -58,7 +71,12 @@ class CoordinatorMover:
                 )
             fields = FieldPlacement(self.fields[name])
             edge = DataEdge(
-                node=consumer.id, producer=src, consumer=dst, fields=fields, keep_groups=consumer.keep_groups
+                node=consumer.id,
+                producer=src,
+                consumer=dst,
+                fields=fields,
+                keep_groups=consumer.keep_groups,
+                placement=self._placements.get(dst),
             )
             self._moved[key] = self.coordinator.transfer(edge, value)
         return self._moved[key]

@@ -8,7 +8,8 @@ At step t, with k = rollout.max_staleness, a rank
      current weights;
   4. runs the training stage of step t, which ends with the weight sync.
 In the disaggregated placement the engine ranks do 3 while the training ranks do 4: generation overlaps
-training. k = 0 is lock-step (1, 2, 4).
+training. k = 0 is lock-step (1, 2, 4); with rollout.stream_chunks its samples reach the training ranks in parts while
+they generate, and the old/ref log-prob passes run on them there (dag/streaming.py).
 
 Partial rollouts (rollout.partial): in 3 the engine owners only submit the rollouts ahead to their engines
 (RolloutWorker.submit) and go on to 4 at once; step 4's weight sync interrupts them, loads, and continues
@@ -26,12 +27,14 @@ What is ahead is part of a checkpoint (state_dict): a resumed run trains on the 
 uninterrupted run would have.
 """
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from distflow.dag.controller import RankController, StepResult
 from distflow.dag.stages import ROLLOUT_ROLES, rollout_stage
+from distflow.dag.streaming import TrainingStream
 from distflow.nodes.context import StepState
 
 
@@ -79,9 +82,11 @@ class LookaheadRollout:
         max_staleness: int,
         total_steps: int,
         partial: bool = False,
+        stream: Optional[TrainingStream] = None,
     ):
         self.controller, self.ctx, self.loader = controller, ctx, loader
         self.max_staleness, self.total_steps, self.partial = max_staleness, total_steps, partial
+        self.stream = stream
         stage = set(rollout_stage(controller.pipeline))
         self.rollout_nodes = [n for n in controller.order if n.id in stage]
         self.training_nodes = [n for n in controller.order if n.id not in stage]
@@ -91,12 +96,21 @@ class LookaheadRollout:
         """Step `step` on this rank: its rollout handed to training, the rollouts ahead generated, then its
         training stage. Records the step's rollout metrics, staleness and idle ratios into ctx.step."""
         start, record = time.perf_counter(), _StepRecord()
-        rollout = self._take(step, record)
+        streamed = self._open_stream(step, record) if self.stream is not None else None
+        try:
+            rollout = self._take(step, record)
+        finally:
+            self.ctx.samples_stream = None
         self.ctx.step.metrics.update(rollout.metrics)
         if rollout.skipped_at is not None:
             return StepResult(rollout.outputs, record.timing, rollout.skipped_at, record.spans)
         handing, wall = time.perf_counter(), time.time()
-        self.controller.hand_off(rollout.outputs, self.training_nodes)
+        with (
+            self.controller.mover.placed(self.stream.layout, streamed.placement)
+            if streamed is not None
+            else contextlib.nullcontext()
+        ):
+            self.controller.hand_off(rollout.outputs, self.training_nodes)
         seconds = time.perf_counter() - handing
         record.add(StepResult({}, {"hand_off": seconds}, spans=[_span("hand_off", wall, seconds)]), step)
         for ahead in range(step + 1, min(step + self.max_staleness, self.total_steps) + 1):
@@ -110,6 +124,16 @@ class LookaheadRollout:
         record.add(result, step)
         self._record_idle(record.timing, time.perf_counter() - start)
         return StepResult(result.outputs, record.timing, result.skipped_at, record.spans)
+
+    def _open_stream(self, step: int, record: _StepRecord):
+        """rollout.stream_chunks: step's samples start for the training ranks, which run their log-prob
+        passes on the parts as they arrive (dag/streaming.py); filed as timing_s/stream_logprobs."""
+
+        def record_span(name: str, begin: float, end: float, **extra) -> None:
+            span = {"node": name, "start": begin, "end": end, **extra}
+            record.add(StepResult({}, {name: end - begin}, spans=[span]), step)
+
+        return self.stream.begin(self.ctx, record_span)
 
     def _take(self, step: int, record: _StepRecord) -> Rollout:
         """Step `step`'s rollout, within the bound; records its staleness on the ranks holding samples."""
@@ -179,7 +203,7 @@ class LookaheadRollout:
         """perf/engine_idle_ratio on engine owners (not with partial rollouts), perf/trainer_idle_ratio on
         training ranks: the share of the step not spent in this rank's own work (generation and scoring; the
         Megatron passes). Waiting for data and the weight sync count as idle on both sides."""
-        busy = {"engine": 0.0, "trainer": 0.0}
+        busy = {"engine": 0.0, "trainer": timing.get("stream_logprobs", 0.0)}
         for node in self.controller.order:
             if node.role != "all" and self.controller.runs(node) and node.id in timing:
                 busy["engine" if node.role in ROLLOUT_ROLES else "trainer"] += timing[node.id]

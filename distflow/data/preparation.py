@@ -127,21 +127,42 @@ def math_rows(records: list[dict], split: str, data_source: str = MATH_SOURCE) -
     return rows
 
 
-def copy_rows(digits: int, train: int, test: int, seed: int) -> dict[str, list[dict]]:
+def copy_rows(
+    digits: int, train: int, test: int, seed: int, min_digits: int | None = None
+) -> dict[str, list[dict]]:
     """The toy copy task: the prompt is a digit string, the answer the same string. Distinct strings, drawn
-    without replacement, so train and test never share one."""
-    space = 10**digits
-    if train + test > space:
-        raise ValueError(
-            f"only {space} strings of {digits} digits; cannot draw {train} + {test} distinct ones"
-        )
-    numbers = random.Random(seed).sample(range(space), train + test)
+    without replacement, so train and test never share one. min_digits < digits: each string's length is
+    drawn uniformly from [min_digits, digits] (responses of many lengths, as reasoning tasks have)."""
+    if min_digits is None or min_digits == digits:
+        space = 10**digits
+        if train + test > space:
+            raise ValueError(
+                f"only {space} strings of {digits} digits; cannot draw {train} + {test} distinct ones"
+            )
+        texts = [str(n).zfill(digits) for n in random.Random(seed).sample(range(space), train + test)]
+    else:
+        texts = _copy_texts_of_lengths(min_digits, digits, train + test, seed)
     rows = {"train": [], "test": []}
-    for i, n in enumerate(numbers):
+    for i, text in enumerate(texts):
         split = "train" if i < train else "test"
-        text = str(n).zfill(digits)
         rows[split].append(schema_row(text, text, COPY_SOURCE, split, len(rows[split]), "copy"))
     return rows
+
+
+def _copy_texts_of_lengths(low: int, high: int, count: int, seed: int) -> list[str]:
+    if not 1 <= low < high:
+        raise ValueError(f"min_digits={low} must be >= 1 and below digits={high}")
+    space = sum(10**length for length in range(low, high + 1))
+    if count > space // 2:  # drawing distinct strings by rejection needs room
+        raise ValueError(f"only {space} strings of {low}-{high} digits; cannot draw {count} distinct ones")
+    rng, seen, texts = random.Random(seed), set(), []
+    while len(texts) < count:
+        length = rng.randint(low, high)
+        text = str(rng.randrange(10**length)).zfill(length)
+        if text not in seen:
+            seen.add(text)
+            texts.append(text)
+    return texts
 
 
 def read_records(path: str | Path) -> dict[str, list[dict]]:

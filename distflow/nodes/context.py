@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:  # the types only: importing the workers here would start Megatron/SGLang imports
+    from distflow.coordination.data.streaming import StreamedBatch
     from distflow.data.loader import PromptLoader
     from distflow.nodes.sync import WeightSync
     from distflow.rewards.pool import RewardPool
@@ -46,6 +47,9 @@ class StepState:
     metrics: dict[str, float] = field(default_factory=dict)
     spans: list[dict] = field(default_factory=list)
     """Timeline rows a node adds beside its own (work it started that ran past it, e.g. streamed scoring)."""
+    streamed_logprobs: dict[str, dict[int, tuple]] = field(default_factory=dict)
+    """role -> {sample id: (log-probs, entropy) per token}: the passes a streamed step ran on the samples
+    that reached this training rank while the engines generated (dag/streaming.py)."""
 
     def record(self, **values) -> None:
         self.metrics.update({k: float(v) for k, v in values.items()})
@@ -65,6 +69,9 @@ class NodeContext:
     prompt_loader: Optional["PromptLoader"] = None
     """This rank's prompt stream (engine owners): dynamic sampling draws its extra rounds from it."""
     step: StepState = field(default_factory=lambda: StepState(0))
+    samples_stream: Optional["StreamedBatch"] = None
+    """rollout.stream_chunks: the step's samples leaving for the training layout in parts while they are
+    generated (dag/streaming.py); None when they move whole, after the rollout."""
 
     def record(self, **values) -> None:
         """Adds metrics to this step's (reduced over ranks by meaning: tracking/reduce.py)."""

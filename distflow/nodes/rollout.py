@@ -1,8 +1,10 @@
 """generate: each engine owner samples rollout.n responses per prompt of its shard (with several engines
 and rollout.balance=steal, idle engines take chunks of busy ones; the samples come back to their shard).
 With reward.stream, each prompt group goes to the reward pool as soon as its last response finishes, so the
-scorers work while the engine generates the rest; the score node then collects those rewards."""
+scorers work while the engine generates the rest; the score node then collects those rewards. With
+rollout.stream_chunks, the finished samples also leave for the training layout in parts (dag/streaming.py)."""
 
+import contextlib
 import time
 
 from distflow.nodes.reward import reward_sample
@@ -19,23 +21,38 @@ def generate_samples(ctx, prompts) -> tuple:
     that generate more than once in a step (dynamic sampling) and keep the metrics they choose."""
     start = time.perf_counter()
     rollout, pool = ctx.workers.rollout, ctx.workers.reward_pool
-    if not (pool is not None and rollout.owner and streams_rewards(ctx.cfg)):
+    scores = pool is not None and rollout.owner and streams_rewards(ctx.cfg)
+    # rollout.stream_chunks: the samples also leave for the trainer in parts (the step's first call only).
+    stream = ctx.samples_stream if ctx.samples_stream is not None and rollout.owner else None
+    if stream is not None and stream.closed:
+        stream = None
+    if not (scores or stream):
         samples = rollout.generate(prompts, ctx.tokenizer.eos_token_id, step=ctx.step.step, balance=True)
         return samples, _metrics(ctx, samples, start)
 
-    def on_group(sample_ids, prompt, group):
-        scored = [reward_sample(ctx.tokenizer, s.response_ids, s.finish_reason, prompt) for s in group]
-        pool.submit(sample_ids, scored)
+    def on_group(group, prompt):
+        infos = [group.infos[i] for i in group.sample_ids.tolist()]
+        scored = [reward_sample(ctx.tokenizer, i.response_ids, i.finish_reason, prompt) for i in infos]
+        pool.submit(group.sample_ids.tolist(), scored)
 
-    with pool.streaming():
+    if stream is not None:  # the log-prob passes need samples, not groups: each leaves as it finishes
+        stream.expect(len(prompts) * ctx.cfg.rollout.n)
+    with pool.streaming() if scores else contextlib.nullcontext():
         samples = rollout.generate(
-            prompts, ctx.tokenizer.eos_token_id, step=ctx.step.step, balance=True, on_group=on_group
+            prompts,
+            ctx.tokenizer.eos_token_id,
+            step=ctx.step.step,
+            balance=True,
+            on_group=on_group if scores else None,
+            on_sample=None if stream is None else stream.add,
         )
+        if stream is not None:
+            stream.close()  # the parts of groups not streamed (another engine generated them) leave now
         metrics = _metrics(ctx, samples, start)
-        # How much of the scoring the generation hid (the score node waits for the rest).
-        metrics["perf/scored_during_generation"] = pool.scored(samples.sample_ids.tolist()) / max(
-            len(samples), 1
-        )
+        if scores:  # how much of the scoring the generation hid (the score node waits for the rest)
+            metrics["perf/scored_during_generation"] = pool.scored(samples.sample_ids.tolist()) / max(
+                len(samples), 1
+            )
     return samples, metrics
 
 

@@ -38,6 +38,20 @@ def test_copy(prepare, tmp_path):
         prepare("copy", "--out", tmp_path, "--digits", 1, "--train", 8, "--test", 3)
 
 
+def test_copy_of_many_lengths(prepare, tmp_path):
+    """--min-digits: string lengths spread over [min, digits] (responses of many lengths), still distinct."""
+    paths = prepare(
+        "copy", "--out", tmp_path, "--digits", 6, "--min-digits", 2, "--train", 300, "--test", 20, "--seed", 1
+    )
+    strings = [p.messages[0]["content"] for p in list(load(paths["train"])) + list(load(paths["test"]))]
+    assert len(set(strings)) == 320 and all(s.isdigit() for s in strings)
+    assert {len(s) for s in strings} == {2, 3, 4, 5, 6}
+    with pytest.raises(ValueError, match="min_digits=5 must be >= 1 and below digits=3"):
+        prepare("copy", "--out", tmp_path, "--digits", 3, "--min-digits", 5, "--train", 8, "--test", 2)
+    with pytest.raises(ValueError, match="distinct"):
+        prepare("copy", "--out", tmp_path, "--digits", 2, "--min-digits", 1, "--train", 90, "--test", 2)
+
+
 def test_gsm_symbolic(prepare, tmp_path):
     paths = prepare("gsm_symbolic", "--out", tmp_path, "--train", 30, "--test", 10, "--seed", 3)
     train, test = load(paths["train"]), load(paths["test"])

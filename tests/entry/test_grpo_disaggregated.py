@@ -4,7 +4,8 @@ engine and trains nothing.
 3 CPU processes: actor TP=2 on ranks 0-1 (Megatron's groups built over those two only), one engine of TP=1
 on rank 2. The weights reach the engine over the weight-update process group (sync.transport=
 process_group, as between nodes) and are checked by sync.verify's per-parameter checksums; every step's
-engine log-probs equal the actor's. A second job resumes from the first's checkpoint (the rollout-only rank
+engine log-probs equal the actor's, whose old-log-prob pass ran on the samples that reached the two TP ranks
+while the engine generated (rollout.stream_chunks). A second job resumes from the first's checkpoint (the rollout-only rank
 restores no worker). A 2-process job with sync.transport=auto reaches the engine through shared memory (one
 node), so nothing travels over the group.
 """
@@ -60,6 +61,7 @@ def test_training_ranks_apart_from_the_engine_over_a_process_group(inputs):
         args=[
             *_common(model, data),
             "actor.tp=2",
+            "actor.mini_batch_size=2",  # the old-log-prob pass runs: streamed to both TP ranks in parts
             "sync.transport=process_group",
             "sync.verify=true",
             "trainer.total_steps=2",
@@ -73,6 +75,7 @@ def test_training_ranks_apart_from_the_engine_over_a_process_group(inputs):
     assert len(rows) == 2, rows
     for r in rows:
         assert r["rollout/logprob_diff_vs_actor"] <= 1e-5, r  # the engine runs the actor's weights
+        assert r["perf/logprobs_streamed"] == 0.75, r  # 3 of rollout.stream_chunks=4 parts while generating
         assert r["actor/grad_norm"] > 0, r
         # Every byte reached the engine over the group (its host sends nothing and trains nothing), but for the
         # vocabulary rows SGLang pads, which the host zero-fills itself.

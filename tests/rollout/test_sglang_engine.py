@@ -316,12 +316,21 @@ def test_submitted_generation_without_an_update_equals_generate(started):
 
 
 def test_streamed_generation_hands_over_each_group_and_samples_the_same(started):
-    """on_group (reward.stream) gets each prompt's n samples once, as they finish; the requests are the same
-    batch, so the samples equal one plain generate call's."""
-    groups = {}
-    samples = generate(
-        started["engine"], PROMPTS, on_group=lambda p, g: groups.setdefault(p, []).append(g), **SAMPLING
-    )
+    """on_group (reward.stream) gets each prompt's n samples once, as they finish, and on_sample
+    (rollout.stream_chunks) each sample once, no later than its group; the requests are the same batch, so
+    the samples equal one plain generate call's."""
+    groups, singles, events = {}, {}, []
+
+    def on_group(prompt, group):
+        groups.setdefault(prompt, []).append(group)
+        events.append(("group", prompt))
+
+    def on_sample(prompt, j, sample):
+        assert (prompt, j) not in singles
+        singles[(prompt, j)] = sample
+        events.append(("sample", prompt))
+
+    samples = generate(started["engine"], PROMPTS, on_group=on_group, on_sample=on_sample, **SAMPLING)
     expected = started["first_samples"]
     assert [s.response_ids for s in samples] == [s.response_ids for s in expected]
     assert [s.logprobs for s in samples] == [s.logprobs for s in expected]
@@ -330,6 +339,15 @@ def test_streamed_generation_hands_over_each_group_and_samples_the_same(started)
         assert [s.response_ids for s in group] == [
             s.response_ids for s in expected if s.prompt_index == prompt
         ]
+    n = SAMPLING["n"]
+    assert sorted(singles) == [(p, j) for p in (0, 1) for j in range(n)]
+    for (prompt, j), sample in singles.items():
+        assert sample.response_ids == expected[prompt * n + j].response_ids
+        assert sample.logprobs == expected[prompt * n + j].logprobs
+        # a group is handed over only after every one of its samples
+        assert events.index(("group", prompt)) > max(
+            i for i, e in enumerate(events) if e == ("sample", prompt)
+        )
 
 
 def test_a_weight_update_interrupts_and_continues_generation_in_flight(started, tiny_qwen2):

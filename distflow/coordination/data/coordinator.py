@@ -12,7 +12,7 @@ The bytes move as transport.py says (one message per peer and field, posted in o
 import concurrent.futures
 import datetime
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Optional
 
 import torch
@@ -22,6 +22,7 @@ from distflow.batch.packed import PackedBatch
 from distflow.coordination.data.gather import SlotGather, gather_sample_table
 from distflow.coordination.data.layouts import FieldPlacement, PlacedLayout
 from distflow.coordination.data.plan import RedistributionPlan, is_identity, plan_redistribution
+from distflow.coordination.data.stream_placement import StreamPlacement
 from distflow.coordination.data.transport import Receiver, as_bytes, outgoing
 
 
@@ -39,6 +40,10 @@ class DataEdge:
     fields: FieldPlacement
     keep_groups: bool = True
     tolerance: float = 0.01
+    equal_rows: Optional[bool] = None
+    """Every consumer DP rank gets as many samples (default: for a training layout; plan_redistribution)."""
+    placement: Optional[StreamPlacement] = field(default=None, compare=False)
+    """A batch moving in parts: the DP ranks its earlier parts went to (stream_placement.py)."""
 
 
 class TransferHandle:
@@ -134,6 +139,8 @@ class DataCoordinator:
             keep_groups=edge.keep_groups,
             tolerance=edge.tolerance,
             node=edge.node,
+            equal_rows=edge.equal_rows,
+            placement=edge.placement,
         )
         handle.plan = plan
         t["planned"] = time.monotonic()

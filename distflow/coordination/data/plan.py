@@ -18,6 +18,7 @@ import numpy as np
 from distflow.batch.packed import FieldSchema, PackedBatch
 from distflow.coordination.data import balance
 from distflow.coordination.data.layouts import FieldPlacement, PlacedLayout
+from distflow.coordination.data.stream_placement import StreamPlacement
 
 
 class DataPlanError(ValueError):
@@ -249,6 +250,7 @@ def plan_redistribution(
     tolerance: float = 0.01,
     node: str = "?",
     equal_rows: Optional[bool] = None,
+    placement: Optional[StreamPlacement] = None,
 ) -> RedistributionPlan:
     """Plans moving a node's data from the producer layout to the consumer layout.
 
@@ -257,9 +259,14 @@ def plan_redistribution(
     tolerance: accepted token imbalance (max/mean - 1) across consumer DP ranks, traded for fewer moves.
     equal_rows: every consumer DP rank gets the same number of samples (default: for training layouts,
     whose DP ranks step their optimizers together; see balance.equal_count_assignment).
+    placement: the batch moves in parts (stream_placement.py): items keep the DP rank an earlier part
+    gave them and new ones are placed the same way; with equal_rows, a placement that leaves the DP ranks
+    unequal gives way to the usual balanced plan.
     Raises DataPlanError for metadata that does not fit.
     """
     equal_rows = consumer.replicated if equal_rows is None else equal_rows
+    if placement is not None and placement.keep_groups != keep_groups:
+        placement = None  # its keys are groups and this plan's samples, or the reverse
     if is_identity(producer, consumer) and not (equal_rows and _unequal_rows(table, consumer)):
         return RedistributionPlan(
             node, producer, consumer, fields, {}, None, np.zeros(0, np.int64), True, keep_groups
@@ -272,10 +279,17 @@ def plan_redistribution(
         )
     schema = _check_table(table, producer, fields, node)
     table = table.take(np.argsort(table.sample_ids, kind="stable"))
-    items, weights, homes = _items(table, consumer, keep_groups, node)
+    items, keys, weights, homes = _items(table, consumer, keep_groups, node)
     if equal_rows:
         _check_equal_split(items, len(weights), consumer.layout.dp, keep_groups, node)
-        item_dp = balance.equal_count_assignment(weights, homes, consumer.layout.dp, tolerance)
+        item_dp = None
+        if placement is not None:
+            placement.assign(keys, weights)
+            item_dp = placement.equal_counts(keys)
+        if item_dp is None:
+            item_dp = balance.equal_count_assignment(weights, homes, consumer.layout.dp, tolerance)
+    elif placement is not None:
+        item_dp = placement.assign(keys, weights)
     else:
         item_dp = balance.balanced_assignment(weights, homes, consumer.layout.dp, tolerance)
     return RedistributionPlan(
@@ -400,14 +414,15 @@ def _check_equal_split(items: np.ndarray, num_items: int, dp: int, keep_groups: 
 
 
 def _items(table: SampleTable, consumer: PlacedLayout, keep_groups: bool, node: str):
-    """Balancing units: samples, or whole groups. Returns (item index per sample, item weights, item homes)."""
+    """Balancing units: samples, or whole groups. Returns (item index per sample, item keys (sample or group
+    ids), item weights, item homes)."""
     home_of_rank = {
         r: (consumer.dp_of(r) if consumer.dp_of(r) is not None else -1)
         for r in np.unique(table.holders).tolist()
     }
     sample_home = np.array([home_of_rank[r] for r in table.holders.tolist()], dtype=np.int64)
     if not keep_groups:
-        return np.arange(len(table)), table.lengths, sample_home
+        return np.arange(len(table)), table.sample_ids, table.lengths, sample_home
     groups, first, items = np.unique(table.groups, return_index=True, return_inverse=True)
     first_holder = table.holders[first]  # the holder of each group's lowest sample id
     split = np.flatnonzero(first_holder[items] != table.holders)
@@ -425,4 +440,4 @@ def _items(table: SampleTable, consumer: PlacedLayout, keep_groups: bool, node: 
         )
     weights = np.bincount(items, weights=table.lengths, minlength=len(groups)).astype(np.int64)
     homes = np.array([home_of_rank[r] for r in first_holder.tolist()], dtype=np.int64)
-    return items, weights, homes
+    return items, groups, weights, homes

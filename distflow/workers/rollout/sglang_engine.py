@@ -190,6 +190,7 @@ def generate(
     seed: int | None = None,
     first_prompt_index: int = 0,
     on_group=None,
+    on_sample=None,
 ) -> list[RolloutSample]:
     """Samples `n` responses per prompt; returns len(prompt_ids) * n samples, prompt-major.
 
@@ -211,7 +212,8 @@ def generate(
     engine whose last weight update did not complete (engine_state).
     `on_group(prompt_index, samples)`: called with a prompt's n samples as soon as the last of them finishes,
     while the others still generate (streaming: the caller scores them meanwhile); the same requests are
-    sent either way, so the samples do not change.
+    sent either way, so the samples do not change. `on_sample(prompt_index, j, sample)`: called with each
+    sample (the j-th of its prompt) as soon as it finishes.
     """
     version, requests, kwargs = prepare_requests(
         engine,
@@ -226,21 +228,25 @@ def generate(
         seed,
         first_prompt_index,
     )
-    if on_group is not None and streams_whole_outputs(engine):
-        run = _streamed(engine, kwargs, requests, version, on_group)
+    if (on_group is not None or on_sample is not None) and streams_whole_outputs(engine):
+        run = _streamed(engine, kwargs, requests, version, on_group, on_sample)
         outputs = engine_health.call(engine, "generate", engine.loop.run_until_complete, run)
     else:
         outputs = engine_health.call(engine, "generate", engine.generate, **kwargs)
     return [_to_sample(i, out, version) for (i, _), out in zip(requests, outputs)]
 
 
-async def _streamed(engine, kwargs: dict, requests: list, version: int, on_group) -> list[dict]:
-    """The outputs of one batch call made with stream=True, calling on_group for each prompt whose samples
-    have all finished. Each request streams only its first token and its end (stream_interval past
-    max_new_tokens): two messages per request, not one per token."""
+async def _streamed(engine, kwargs: dict, requests: list, version: int, on_group, on_sample) -> list[dict]:
+    """The outputs of one batch call made with stream=True, calling on_sample for each sample as it finishes
+    and on_group for each prompt whose samples have all finished (either may be None). Each request streams
+    only its first token and its end (stream_interval past max_new_tokens): two messages per request, not
+    one per token."""
     params = [dict(p, stream_interval=p["max_new_tokens"] + 1) for p in kwargs["sampling_params"]]
     outputs: list = [None] * len(requests)
     left = collections.Counter(prompt for prompt, _ in requests)
+    first_of = {}  # the request index of each prompt's first sample (requests are prompt-major)
+    for at, (prompt, _) in enumerate(requests):
+        first_of.setdefault(prompt, at)
     members = collections.defaultdict(list)
     stream = await engine.async_generate(**dict(kwargs, sampling_params=params), stream=True)
     async for out in stream:
@@ -251,7 +257,9 @@ async def _streamed(engine, kwargs: dict, requests: list, version: int, on_group
         prompt = requests[at][0]
         members[prompt].append(at)
         left[prompt] -= 1
-        if not left[prompt]:
+        if on_sample is not None:
+            on_sample(prompt, at - first_of[prompt], _to_sample(prompt, out, version))
+        if not left[prompt] and on_group is not None:
             on_group(prompt, [_to_sample(prompt, outputs[i], version) for i in sorted(members.pop(prompt))])
     return outputs
 

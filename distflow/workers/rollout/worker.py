@@ -112,6 +112,7 @@ class RolloutWorker:
         n: int | None = None,
         balance: bool = False,
         on_group=None,
+        on_sample=None,
     ) -> PackedBatch | None:
         """Samples rollout.n responses per prompt on this rank's engine; None on ranks without an engine.
         The batch's `infos` hold each sample's SampleInfo. `step` (the RL step) is part of every sampling
@@ -123,70 +124,54 @@ class RolloutWorker:
         depend on which engine generated a prompt. `balance_stats` then holds the step's stolen_groups and
         per-engine generated tokens.
 
-        on_group(sample_ids, prompt, samples) (streaming): called with each prompt group this engine generated
-        for its own partition as soon as the group's last sample finishes, while the rest still generate;
-        sample_ids are the ids those samples have in the returned batch. Groups another engine generated for
-        this partition, and rollouts submitted ahead (rollout.partial), are not streamed."""
+        on_group(group, prompt) (streaming): called with each prompt group this engine generated for its own
+        partition as soon as the group's last sample finishes, while the rest still generate; `group` is
+        those samples as the returned batch will hold them (ids, fields, infos). Groups another engine
+        generated for this partition, and rollouts submitted ahead (rollout.partial), are not streamed.
+        on_sample(batch) (streaming): likewise with each sample of this engine's own partition, as soon as it
+        finishes (with several engines balancing the rollout: with its prompt group, when that finishes)."""
         if not self.owner:
             return None
 
         self.make_resident()
         sampling = self._sampling(eos_token_id, greedy, n)
         base = self.engine_index * ID_STRIDE
-        streamed = None
-        if on_group is not None:  # sample ids as below: prompt-major, n per prompt
+        chunked = balance and self.num_engines > 1
+        n = sampling["n"]  # sample ids as below: prompt-major, n per prompt
+        group_done = sample_done = None
+        if on_group is not None or (on_sample is not None and chunked):
 
-            def streamed(prompt_index, samples):
-                first = base + prompt_index * sampling["n"]
-                on_group(list(range(first, first + len(samples))), prompts[prompt_index], samples)
+            def group_done(prompt_index, samples):
+                first = base + prompt_index * n
+                batch = pack_samples(prompts, [(first + j, s) for j, s in enumerate(samples)], base)
+                if on_group is not None:
+                    on_group(batch, prompts[prompt_index])
+                if on_sample is not None and chunked:  # chunks report whole groups
+                    on_sample(batch)
+
+        if on_sample is not None and not chunked:
+
+            def sample_done(prompt_index, j, sample):
+                on_sample(pack_samples(prompts, [(base + prompt_index * n + j, sample)], base))
 
         in_flight = self.in_flight.pop(step, None) if balance else None
         if in_flight is not None:  # submitted earlier (partial rollouts): what is left of it, then all of it
             outs = in_flight.result()
-        elif balance and self.num_engines > 1:
-            outs = self._generate_chunks(prompts, step, greedy, sampling, streamed)
+        elif chunked:
+            outs = self._generate_chunks(prompts, step, greedy, sampling, group_done)
         else:
             outs = sglang_engine.generate(
                 self.engine,
                 [p.input_ids for p in prompts],
                 seed=self.sampling_seed(self.engine_index, step, greedy),
-                on_group=streamed,
+                on_group=group_done,
+                on_sample=sample_done,
                 **sampling,
             )
         if self.release_between_steps:
             sglang_engine.release_memory(self.engine)
             self.released = set(sglang_engine.ENGINE_MEMORY)
-        ids, groups, tokens, masks, logprobs, infos = [], [], [], [], [], {}
-        for i, s in enumerate(outs):
-            prompt = prompts[s.prompt_index]
-            sample_id = base + i
-            seq = list(prompt.input_ids) + list(s.response_ids)
-            ids.append(sample_id)
-            groups.append(base + s.prompt_index)
-            tokens.append(torch.tensor(seq, dtype=torch.long))
-            # Token-position alignment (as the Megatron worker's): entry t belongs to token t.
-            mask = torch.zeros(len(seq), dtype=torch.float32)
-            mask[len(prompt.input_ids) :] = 1.0
-            masks.append(mask)
-            lp = torch.zeros(len(seq), dtype=torch.float32)
-            lp[len(prompt.input_ids) :] = torch.tensor(s.logprobs, dtype=torch.float32)
-            logprobs.append(lp)
-            infos[sample_id] = SampleInfo(
-                len(prompt.input_ids),
-                list(s.response_ids),
-                s.finish_reason,
-                prompt.data_source,
-                prompt.ground_truth,
-                prompt.extra_info,
-                s.weight_version,
-                s.token_versions,
-            )
-        return PackedBatch.from_samples(
-            ids,
-            groups,
-            {"input_ids": tokens, "response_mask": masks, "rollout_logprobs": logprobs},
-            infos=infos,
-        )
+        return pack_samples(prompts, [(base + i, s) for i, s in enumerate(outs)], base)
 
     def submit(self, prompts, eos_token_id: int, step: int) -> None:
         """Partial rollouts (rollout.partial): sends step `step`'s training rollout to this rank's engine and
@@ -299,6 +284,41 @@ class RolloutWorker:
             if engine is not None:
                 sglang_engine.shutdown_engine(engine)
         self.engine = self.node_engine = None
+
+
+def pack_samples(prompts, samples, base: int) -> PackedBatch:
+    """[(sample id, RolloutSample)] of this engine's partition (group ids are base + prompt index) as the
+    batch that leaves the rollout: token ids, response mask and the engine's log-probs, one row per token
+    (entry t belongs to token t, as in the Megatron worker), and each sample's SampleInfo."""
+    ids, groups, tokens, masks, logprobs, infos = [], [], [], [], [], {}
+    for sample_id, s in samples:
+        prompt = prompts[s.prompt_index]
+        seq = list(prompt.input_ids) + list(s.response_ids)
+        ids.append(sample_id)
+        groups.append(base + s.prompt_index)
+        tokens.append(torch.tensor(seq, dtype=torch.long))
+        mask = torch.zeros(len(seq), dtype=torch.float32)
+        mask[len(prompt.input_ids) :] = 1.0
+        masks.append(mask)
+        lp = torch.zeros(len(seq), dtype=torch.float32)
+        lp[len(prompt.input_ids) :] = torch.tensor(s.logprobs, dtype=torch.float32)
+        logprobs.append(lp)
+        infos[sample_id] = SampleInfo(
+            len(prompt.input_ids),
+            list(s.response_ids),
+            s.finish_reason,
+            prompt.data_source,
+            prompt.ground_truth,
+            prompt.extra_info,
+            s.weight_version,
+            s.token_versions,
+        )
+    return PackedBatch.from_samples(
+        ids,
+        groups,
+        {"input_ids": tokens, "response_mask": masks, "rollout_logprobs": logprobs},
+        infos=infos,
+    )
 
 
 def _per_prompt(engine_index: int, n: int, on_group):

@@ -1,0 +1,95 @@
+"""rollout.stream_chunks on the real product (`distflow.train`, disaggregated, lock-step: one Megatron training
+rank, one SGLang engine rank, GRPO with a KL reference and two mini-batches, so both the old- and the
+reference-log-prob passes run): the samples reach the training rank in parts while the engine still
+generates, and the passes run on them there.
+
+- Same result: every non-timing metric of the streamed job equals the unstreamed job's (stream_chunks=1),
+  step by step, to float rounding (the passes run on other batch shapes).
+- The overlap, from the recorded timeline: the training rank's stream_logprobs rows (one per early part)
+  start before the engine rank's generate node ends; perf/logprobs_streamed is the share of samples whose
+  passes ran early (3 of 4 prompt groups: the last part moves with the hand-off).
+"""
+
+import json
+
+import pytest
+
+from distflow.testing.copy_task import copy_task
+from distflow.testing.launch import torchrun
+
+_TIMED = ("timing_s/", "perf/", "sync/seconds", "sync/gbps", "rollout/seconds")
+TOL = 1e-5  # the log-probs of a sample in a part's forward vs the whole batch's: other padding, other sums
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stream")
+    model, data = copy_task(tmp, train=64)
+    common = [
+        "examples/configs/grpo_copy_cpu.yaml",
+        f"model.path={model}",
+        f"data.train_files=[{data}/train.parquet]",
+        "data.val_files=[]",
+        "trainer.val_every=0",
+        "rollout.placement=disaggregated",
+        "rollout.num_ranks=1",
+        "actor.tp=1",
+        "trainer.sft_warmup_steps=1",
+        "data.train_batch_size=4",
+        "actor.mini_batch_size=2",  # two optimizer steps a batch: the old-log-prob pass runs
+        "algorithm.kl_coef=0.01",  # the reference pass runs
+        "rollout.n=4",
+        "rollout.max_new_tokens=6",
+        "trainer.total_steps=2",
+        "checkpoint.save_every=0",
+        "checkpoint.export_hf=false",
+    ]
+    outs = {}
+    for chunks in (4, 1):
+        outs[chunks] = tmp / f"chunks{chunks}"
+        log = torchrun(
+            "distflow.train",
+            nproc=2,
+            module=True,
+            timeout_s=600,
+            args=[*common, f"trainer.output_dir={outs[chunks]}", f"rollout.stream_chunks={chunks}"],
+        )
+        streams = "the log-prob passes of actor and ref run on each part as it arrives" in log
+        assert streams == (chunks > 1), log[-3000:]
+    return outs
+
+
+def _rows(out) -> dict[int, dict]:
+    return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+
+
+def _timeline(out, rank: int) -> list[dict]:
+    return [json.loads(line) for line in (out / "timeline" / f"rank{rank}.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_streamed_passes_give_the_unstreamed_result(jobs):
+    streamed, whole = _rows(jobs[4]), _rows(jobs[1])
+    assert sorted(streamed) == sorted(whole) == [1, 2]
+    for step in (1, 2):
+        assert streamed[step]["perf/logprobs_streamed"] == 0.75, streamed[step]
+        assert "perf/logprobs_streamed" not in whole[step]
+        keys = {n for n in whole[step] if n not in ("step", "time") and not n.startswith(_TIMED)}
+        assert keys == {n for n in streamed[step] if n not in ("step", "time") and not n.startswith(_TIMED)}
+        assert {"actor/kl", "rollout/logprob_diff_vs_actor"} <= keys
+        for n in sorted(keys):
+            a, b = streamed[step][n], whole[step][n]
+            assert abs(a - b) <= TOL * max(1.0, abs(b)), (step, n, a, b)
+
+
+@pytest.mark.slow
+def test_the_passes_ran_while_the_engine_generated(jobs):
+    timelines = {rank: _timeline(jobs[4], rank) for rank in (0, 1)}
+    (trainer,) = [r for r, rows in timelines.items() if any(x["node"] == "stream_logprobs" for x in rows)]
+    engine = 1 - trainer
+    for step in (1, 2):
+        parts = [r for r in timelines[trainer] if r["step"] == step and r["node"] == "stream_logprobs"]
+        assert len(parts) == 3 and sum(p["samples"] for p in parts) == 12, parts
+        (generate,) = [r for r in timelines[engine] if r["step"] == step and r["node"] == "generate"]
+        assert generate["start"] < parts[0]["start"] < generate["end"], (parts[0], generate)
+    assert not any(r["node"] == "stream_logprobs" for r in _timeline(jobs[1], trainer))
