@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from distflow import distributed
 from distflow.checkpointing import Checkpointer
 from distflow.coordination.data import DataCoordinator
 from distflow.dag.controller import RankController
@@ -89,6 +90,7 @@ class Trainer:
             roles["ref"] = workers.ref
         self.checkpointed = {role: worker for role, worker in roles.items() if worker is not None}
         self.start_step = 0
+        self.restarts = distributed.restarts()  # torchrun restarts and SLURM requeues before this attempt
         self.cuda = run_ctx.device == "cuda"
         self.timeline = Timeline(self.cfg.trainer.output_dir, run_ctx.rank)
         self.profiler = StepProfiler(
@@ -148,6 +150,12 @@ class Trainer:
         cfg, log, workers = self.cfg, self.run_ctx.log, self.ctx.workers
         self.start_step = self.checkpointer.restore(self.checkpointed, self.prompts.loader)
         self.rollouts.load_state_dict(self.checkpointer.rank_state.get("rollouts_ahead"))
+        if sum(self.restarts.values()):
+            log(
+                f"this is a restarted attempt ({self.restarts['torchrun']} torchrun restart(s), "
+                f"{self.restarts['slurm']} SLURM requeue(s) so far): it resumes from the last complete "
+                "checkpoint, if any (trainer/restarts counts them)"
+            )
         if self.start_step:  # the warm-up is part of what was restored
             self.ctx.weight_sync.continue_versions_from(self.checkpointer.meta["rollout_weight_version"] - 1)
             self.ctx.weight_sync.sync()  # becomes the checkpoint's version again
@@ -217,6 +225,7 @@ class Trainer:
         )
         if self.mfu is not None:
             metrics.update(self.mfu.metrics(metrics))
+        metrics["trainer/restarts"] = float(sum(self.restarts.values()))
         return metrics
 
     def _validates(self, step: int) -> bool:

@@ -8,6 +8,7 @@ from distflow.distributed.process_groups import (
     init_process_group,
     initialize_megatron_groups,
     resolve_device,
+    restarts,
     seed_everything,
 )
 
@@ -17,5 +18,6 @@ __all__ = [
     "init_process_group",
     "initialize_megatron_groups",
     "resolve_device",
+    "restarts",
     "seed_everything",
 ]

@@ -86,6 +86,17 @@ def _attempt_store(env: RankEnv, timeout: datetime.timedelta):
     return dist.PrefixStore(f"distflow/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
+def restarts() -> dict[str, int]:
+    """How often this job was started again before this attempt: by torchrun (--max-restarts, within one
+    allocation) and by SLURM (a requeued job, the shipped sbatch wrapper's; SLURM counts them)."""
+
+    def count(name: str) -> int:
+        value = os.environ.get(name, "0")
+        return int(value) if value.isdigit() else 0
+
+    return {"torchrun": count("TORCHELASTIC_RESTART_COUNT"), "slurm": count("SLURM_RESTART_COUNT")}
+
+
 def initialize_megatron_groups(layout: ParallelLayout, placement: Placement, timeout_s: int) -> bool:
     """Creates Megatron's TP/PP/DP/CP/EP groups for `layout` over the training ranks (collective over the job:
     rollout-only ranks of a disaggregated placement take part in creating the groups' group, not Megatron's).

@@ -33,6 +33,7 @@ _TIMED = (
     "rollout/seconds",
     "rollout/stolen_groups",
     "rollout/engine_tokens_max_over_mean",
+    "trainer/restarts",  # the restarted attempt counts its restart (checked below)
 )
 TOL = 1e-6
 SCORER_ON_PATH = {
@@ -96,10 +97,15 @@ def test_resume_gives_the_same_steps(tmp_path):
     )
     assert "exitcode  : -9" in out or "exitcode: -9" in out, out[-3000:]  # the first attempt lost a rank
     assert "resumed from" in out and out.count("supervised warm-up") == 1, out[-3000:]
+    assert "this is a restarted attempt (1 torchrun restart(s), 0 SLURM requeue(s) so far)" in out, out[
+        -3000:
+    ]
 
     a, b = _records(straight / "metrics.jsonl"), _records(resumed / "metrics.jsonl")
     assert sorted(a) == sorted(b) == [1, 2, 3, 4]
     assert len((resumed / "metrics.jsonl").read_text().splitlines()) == 4
+    assert [a[s]["trainer/restarts"] for s in (1, 2, 3, 4)] == [0, 0, 0, 0]
+    assert [b[s]["trainer/restarts"] for s in (1, 2, 3, 4)] == [0, 0, 1, 1]  # steps 3, 4: the second attempt
     for step in (3, 4):
         keys = {k for k in a[step] if k not in ("step", "time") and not k.startswith(_TIMED)}
         assert keys == {k for k in b[step] if k not in ("step", "time") and not k.startswith(_TIMED)}

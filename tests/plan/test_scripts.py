@@ -3,9 +3,11 @@ for the 7B and 70B runs agrees with a hand calculation; the SLURM wrapper and th
 
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -300,3 +302,69 @@ def test_slurm_wrapper_runs_the_script_once_per_node(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "on 2 node(s) x 8 GPUs, rendezvous gpu-a:24242" in result.stdout
     assert result.stdout.count("DistFlow plan: world size 16 (2 node(s) x 8 GPUs)") == 2
+
+
+def _slurm_stubs(tmp_path: Path, srun_body: str) -> dict:
+    """scontrol (hostnames; `requeue` recorded in requeued.txt) and srun stubs, and the batch environment."""
+    _stub(
+        tmp_path,
+        "scontrol",
+        f'if [[ "$1" == requeue ]]; then echo "$2" >> {tmp_path}/requeued.txt; exit 0; fi\n'
+        'printf "gpu-a\\n"\n',
+    )
+    _stub(tmp_path, "srun", srun_body)
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path}:{os.environ['PATH']}",
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_NODELIST": "gpu-a",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_GPUS_ON_NODE": "8",
+    }
+    for key in ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "GPUS_PER_NODE", "SLURM_RESTART_COUNT"):
+        env.pop(key, None)
+    return env
+
+
+def _wrapper(env: dict, **popen) -> subprocess.Popen:
+    script = EXAMPLES / "grpo_qwen2.5_7b_disaggregated.sh"
+    cmd = ["bash", str(EXAMPLES / "slurm" / "sbatch_distflow.sh"), str(script)]
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+    )
+
+
+@pytest.mark.parametrize("requeues, expected", [("0", ["4242"]), ("2", ["4242"]), ("3", None)])
+def test_slurm_wrapper_requeues_a_failed_run_up_to_max_requeues(tmp_path, requeues, expected):
+    env = {**_slurm_stubs(tmp_path, "exit 3\n"), "SLURM_RESTART_COUNT": requeues, "MAX_REQUEUES": "3"}
+    proc = _wrapper(env)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3, out
+    requeued = tmp_path / "requeued.txt"
+    if expected is None:
+        assert not requeued.exists() and "not requeued: 3 requeue(s) already (MAX_REQUEUES=3)" in out, out
+    else:
+        assert requeued.read_text().split() == expected
+        assert f"requeue {int(requeues) + 1} of MAX_REQUEUES=3" in out, out
+
+
+def test_slurm_wrapper_leaves_a_finished_run_alone(tmp_path):
+    proc = _wrapper(_slurm_stubs(tmp_path, "exit 0\n"))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and not (tmp_path / "requeued.txt").exists(), out
+
+
+def test_slurm_wrapper_stops_the_ranks_and_requeues_before_the_time_limit(tmp_path):
+    """SLURM's USR1 (--signal=B:USR1@300) to the batch shell: srun gets SIGTERM, then the job is requeued."""
+    # srun stand-in: runs until SIGTERM (its sleep keeps no pipe of ours open), which it records.
+    srun = f'trap "kill $!; echo terminated > {tmp_path}/srun.txt; exit 143" TERM\n'
+    srun += f"echo started > {tmp_path}/srun.txt\nsleep 60 > /dev/null 2>&1 &\nwait\n"
+    proc = _wrapper(_slurm_stubs(tmp_path, srun))
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "srun.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=30)
+    assert (tmp_path / "srun.txt").read_text().strip() == "terminated", out
+    assert (tmp_path / "requeued.txt").read_text().split() == ["4242"], out
+    assert "stopped before the time limit: requeueing job 4242" in out, out
