@@ -13,6 +13,7 @@ import torch
 
 from distflow.algorithms.aggregation import aggregate, masked_mean
 from distflow.algorithms.kl import kl_divergence
+from distflow.algorithms.rollout_correction import correction_weights
 
 # exp() of the log-ratio overflows float32 above ~88, and inf * 0-advantage is NaN. +-20 (ratio within
 # [2e-9, 5e8]) is far outside every clip range, so clamping changes no loss value that clipping keeps.
@@ -37,6 +38,7 @@ def ppo_clip_loss(
     clip_ratio_high: float = 0.2,
     clip_ratio_c: Optional[float] = 3.0,
     loss_agg_mode: str = "token-mean",
+    token_weights: Optional[torch.Tensor] = None,
 ):
     """PPO's clipped surrogate with asymmetric clip range (DAPO clip-higher) and dual-clip.
 
@@ -44,6 +46,8 @@ def ppo_clip_loss(
       loss = max(-A r, -A clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)),
       and where A < 0 also capped at -A * clip_ratio_c (dual-clip: a token whose ratio exploded under a
       negative advantage cannot push an unbounded update). `clip_ratio_c=None` disables dual-clip.
+      `token_weights` (no gradient): each token's loss times its weight (rollout correction's importance
+      weights and mask, rollout_correction.py), the aggregation's denominators unchanged.
     Returns (aggregate(loss, mask, loss_agg_mode), metrics) with metrics
       pg_clipfrac        fraction of tokens where the clipped branch is active,
       pg_clipfrac_lower  fraction where the dual-clip cap is active (A < 0),
@@ -63,6 +67,8 @@ def ppo_clip_loss(
         cap = -advantages * clip_ratio_c
         dual_clipped = (advantages < 0) & (token_loss > cap)
         token_loss = torch.where(dual_clipped, cap, token_loss)
+    if token_weights is not None:
+        token_loss = token_loss * token_weights
 
     metrics = {
         "pg_clipfrac": masked_mean(clipped.to(ratio.dtype), response_mask),
@@ -81,6 +87,7 @@ def gspo_loss(
     clip_ratio_low: float = 3e-4,
     clip_ratio_high: float = 4e-4,
     loss_agg_mode: str = "seq-mean-token-mean",
+    token_weights: Optional[torch.Tensor] = None,
 ):
     """GSPO (Group Sequence Policy Optimization): PPO clipping on a sequence-level importance ratio.
 
@@ -90,13 +97,16 @@ def gspo_loss(
     seq-mean-token-mean aggregation and a per-sequence advantage this is exactly GSPO's sequence objective,
     and per-token advantages remain possible. Each token's loss is max(-A s_i,t, -A clip(s_i,t, 1 - low,
     1 + high)); the ranges are small (3e-4 / 4e-4 in the paper) because s_i is a geometric mean. No dual-clip
-    (GSPO defines none). Returns (loss, metrics) with the keys of `ppo_clip_loss` (pg_clipfrac_lower is 0).
+    (GSPO defines none). `token_weights` as in `ppo_clip_loss`. Returns (loss, metrics) with the keys of
+    `ppo_clip_loss` (pg_clipfrac_lower is 0).
     """
     token_log_ratio = logprob - old_logprob
     sequence_log_ratio = masked_mean(token_log_ratio, response_mask, dim=-1).unsqueeze(-1)
     log_ratio = sequence_log_ratio.detach() + logprob - logprob.detach()
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     token_loss, clipped = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
+    if token_weights is not None:
+        token_loss = token_loss * token_weights
 
     metrics = {
         "pg_clipfrac": masked_mean(clipped.to(ratio.dtype), response_mask),
@@ -115,6 +125,7 @@ def policy_loss(
     config,
     entropy: Optional[torch.Tensor] = None,
     ref_logprob: Optional[torch.Tensor] = None,
+    rollout_logprob: Optional[torch.Tensor] = None,
 ):
     """The actor's full loss as configured by `config` (an `AlgorithmConfig`, or anything with its fields).
 
@@ -123,11 +134,31 @@ def policy_loss(
     `config.loss_agg_mode`, and the KL term left out when `config.kl_in_reward` (the penalty is then in the
     rewards, see `reward_shaping.apply_kl_penalty`). `entropy` [batch, seq] is the per-token entropy the
     worker computed (vocab-parallel); needed when entropy_coef != 0. `ref_logprob` is needed when the KL term
-    is on. Returns (loss, metrics): pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, ratio_mean, plus
-    entropy when `entropy` is given and kl when `ref_logprob` is given (reported even when not in the loss).
+    is on. With `config.rollout_correction` on, `old_logprob` is the proximal policy and `rollout_logprob`
+    (the engine's, the behaviour policy) is needed: the policy-gradient term is weighed per token by
+    rollout_correction.correction_weights (decoupled PPO with truncated and/or masked importance sampling).
+    Returns (loss, metrics): pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, ratio_mean, plus entropy when
+    `entropy` is given, kl when `ref_logprob` is given (reported even when not in the loss), and
+    rollout_corr/is_weight_mean, rollout_corr/is_weight_max, rollout_corr/masked_fraction with a correction.
     Called by the actor worker once per micro-batch.
     """
     mode = config.loss_agg_mode
+    weights, correction = None, {}
+    rc = getattr(config, "rollout_correction", None)
+    if rc is not None and rc.enabled:
+        if rollout_logprob is None:
+            raise ValueError("algorithm.rollout_correction needs the engine's `rollout_logprob`")
+        weights, stats = correction_weights(
+            old_logprob,
+            rollout_logprob,
+            response_mask,
+            rc.is_level,
+            rc.is_cap,
+            rc.mask_level,
+            rc.mask_low,
+            rc.mask_high,
+        )
+        correction = {f"rollout_corr/{k}": v for k, v in stats.items()}
     if config.policy_loss == "ppo":
         pg_loss, metrics = ppo_clip_loss(
             logprob,
@@ -138,6 +169,7 @@ def policy_loss(
             config.clip_ratio_high,
             config.clip_ratio_c,
             mode,
+            weights,
         )
     elif config.policy_loss == "gspo":
         pg_loss, metrics = gspo_loss(
@@ -148,10 +180,11 @@ def policy_loss(
             config.clip_ratio_low,
             config.clip_ratio_high,
             mode,
+            weights,
         )
     else:
         raise ValueError(f"unknown policy_loss {config.policy_loss!r}; valid: ppo, gspo")
-    metrics = {"pg_loss": pg_loss.detach(), **metrics}
+    metrics = {"pg_loss": pg_loss.detach(), **metrics, **correction}
     loss = pg_loss
 
     if config.entropy_coef != 0 and entropy is None:

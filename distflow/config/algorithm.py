@@ -80,9 +80,13 @@ def recomputes_old_logprobs(cfg) -> bool:
     - on-policy, one optimizer step per batch (one epoch, one mini-batch): the update's own forward runs the
       very weights the pass would, on the same samples; its detached log-probs serve (the ratio starts at 1,
       as it would): no pass;
-    - on-policy, several mini-batches or epochs: the policy moves between them, the pass runs."""
+    - on-policy, several mini-batches or epochs: the policy moves between them, the pass runs;
+    - with a rollout correction (algorithm.rollout_correction), the ratio is taken against the proximal
+      policy, the one before the update, stale samples or not: the pass runs for several updates, and one
+      update's own forward serves otherwise."""
     if ESTIMATORS[cfg.algorithm.adv_estimator].kind != "outcome":
         return True
     actor = cfg.actor
     one_update = actor.ppo_epochs == 1 and actor.mini_batch_size in (0, cfg.data.train_batch_size)
-    return cfg.rollout.max_staleness == 0 and not one_update
+    proximal = cfg.rollout.max_staleness == 0 or cfg.algorithm.rollout_correction.enabled
+    return proximal and not one_update

@@ -230,6 +230,29 @@ class SyncConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    is_level: Literal["none", "token", "sequence"] = option(
+        "none",
+        "Truncated importance sampling against the engine's log-probs (TIS): each token's policy loss is "
+        "weighed by pi_prox / mu (token) or its product over the response (sequence), capped at is_cap. "
+        "With a correction on, the PPO ratio is taken against the proximal policy (decoupled PPO). See "
+        "docs/rollout_correction.md.",
+    )
+    is_cap: float = option(2.0, "Largest importance weight kept (TIS truncation).")
+    mask_level: Literal["none", "token", "sequence"] = option(
+        "none",
+        "Masked importance sampling (IcePop-style): tokens whose pi_prox / mu (token), or every token of a "
+        "response whose geometric-mean ratio (sequence), leaves [mask_low, mask_high] add nothing to the loss.",
+    )
+    mask_low: float = option(0.5, "Lowest ratio pi_prox / mu kept by the mask.")
+    mask_high: float = option(2.0, "Highest ratio pi_prox / mu kept by the mask.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.is_level != "none" or self.mask_level != "none"
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: Literal[ESTIMATOR_NAMES] = option("grpo", "Advantage estimator.")
     norm_adv_by_std: bool = option(True, "GRPO: divide by the group's std (false gives Dr. GRPO).")
@@ -253,6 +276,10 @@ class AlgorithmConfig:
     max_sampling_attempts: int = option(3, "DAPO: generation rounds before training on a partial batch.")
     overlong_buffer_len: int = option(0, "DAPO overlong shaping: penalty ramp length in tokens; 0 disables.")
     overlong_penalty_factor: float = option(1.0, "DAPO overlong shaping: maximum penalty.")
+    rollout_correction: RolloutCorrectionConfig = section(
+        RolloutCorrectionConfig,
+        "Correction for the engine's and the trainer's probabilities differing (numerics, staleness).",
+    )
 
 
 @dataclass

@@ -96,6 +96,7 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
     check_ranges(cfg)
     _check_estimator(cfg)
     _check_staleness(cfg)
+    _check_rollout_correction(cfg)
     for i, backend in enumerate(cfg.tracking.backends):
         if backend not in TRACKING_BACKENDS:
             raise ConfigError(f"tracking.backends[{i}]={backend!r} is not one of {list(TRACKING_BACKENDS)}")
@@ -169,6 +170,22 @@ def _check_staleness(cfg: DistFlowConfig) -> None:
             "disaggregated placement: it whitens the advantages with a collective over every rank where the "
             "samples were scored, so the training ranks would wait for each future step's rollout; use grpo "
             "or rloo (group baselines, no collective), or rollout.max_staleness=0"
+        )
+
+
+def _check_rollout_correction(cfg: DistFlowConfig) -> None:
+    """algorithm.rollout_correction: a cap that keeps something, a mask range that is a range."""
+    rc = cfg.algorithm.rollout_correction
+    where = "algorithm.rollout_correction"
+    if rc.is_level != "none" and not rc.is_cap > 0:
+        raise ConfigError(
+            f"{where}.is_cap={rc.is_cap} must be > 0: it is the largest importance weight kept (2 is common)"
+        )
+    if rc.mask_level != "none" and not 0 <= rc.mask_low < rc.mask_high:
+        raise ConfigError(
+            f"{where}.mask_low={rc.mask_low} and mask_high={rc.mask_high} must satisfy 0 <= mask_low < "
+            "mask_high: tokens whose ratio pi_prox / mu leaves [mask_low, mask_high] are masked (0.5 and 2 "
+            "are common)"
         )
 
 

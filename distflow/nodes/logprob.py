@@ -3,6 +3,7 @@
 import torch
 
 from distflow.algorithms.aggregation import masked_mean
+from distflow.algorithms.rollout_correction import mismatch_metrics
 from distflow.batch import to_padded
 
 
@@ -62,14 +63,16 @@ def actor_logprobs(ctx, inputs):
 def engine_gap_metrics(
     logprobs: torch.Tensor, entropy: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    """The actor's log-probs against the engine's, token means over `mask` (detached 0-d tensors): 0 up to
-    numerics when both hold the same weights (1e-3 is the step-1 bound). At temperature 1 the sampled tokens'
+    """The actor's log-probs against the engine's, over `mask` (detached 0-d tensors): the rollout_corr/*
+    mismatch metrics (algorithms/rollout_correction.py: mismatch_metrics; the mean |diff| is 0 up to
+    numerics when both hold the same weights, 1e-3 the step-1 bound). At temperature 1 the sampled tokens'
     mean -log p estimates the policy's mean entropy on the same positions: a gap between the two means the
     engines do not sample from the policy being trained. Computed by the old-log-prob pass, or by the
     update's forward where that pass is skipped (nodes/train.py)."""
     logprobs, entropy = logprobs.detach(), entropy.detach()
+    gap = mismatch_metrics(logprobs, rollout_logprobs, mask)
     return {
-        "rollout/logprob_diff_vs_actor": masked_mean((logprobs - rollout_logprobs).abs(), mask),
+        **{f"rollout_corr/{name}": value for name, value in gap.items()},
         "rollout/neg_logprob": masked_mean(-rollout_logprobs, mask),
         "rollout/actor_entropy": masked_mean(entropy, mask),
     }

@@ -108,6 +108,17 @@ def test_the_start_up_line_says_what_the_bound_does_in_each_placement():
             True,
         ),  # read before the update
         (["dag.pipeline=ppo", "critic.enable=true", "algorithm.adv_estimator=gae"], True),
+        # A rollout correction clips against the proximal policy (the one before the update), stale or not:
+        # the pass for several updates, one update's own forward otherwise.
+        (
+            [
+                "rollout.max_staleness=1",
+                "actor.mini_batch_size=16",
+                "algorithm.rollout_correction.is_level=token",
+            ],
+            True,
+        ),
+        (["rollout.max_staleness=1", "algorithm.rollout_correction.mask_level=token"], False),
     ],
 )
 def test_the_old_logprob_pass_runs_only_where_it_is_needed(overrides, recomputes):

@@ -81,7 +81,7 @@ def test_dapo_refills_the_batch_and_trains(copy_task, tmp_path):
     # 13/11/14 groups dropped and 3/5/2 trimmed; recomputed log-prob diff 3e-7).
     assert max(r["dapo/attempts"] for r in rows) >= 2, [r["dapo/attempts"] for r in rows]
     # Step 1: the actor recomputes the engine's log-probs (of samples from every round) on the same weights.
-    assert rows[0]["rollout/logprob_diff_vs_actor"] <= 1e-3, rows[0]
+    assert rows[0]["rollout_corr/logprob_abs_diff"] <= 1e-3, rows[0]
     assert (tmp_path / "run" / "hf" / "model.safetensors").is_file()
 
 

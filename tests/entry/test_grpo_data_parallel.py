@@ -37,7 +37,7 @@ def test_grpo_steps_with_a_data_parallel_actor(tmp_path):
     )
     rows = metrics_rows(out)
     assert len(rows) == 3, rows
-    assert rows[0]["rollout/logprob_diff_vs_actor"] <= 1e-3, rows[0]
+    assert rows[0]["rollout_corr/logprob_abs_diff"] <= 1e-3, rows[0]
     for r in rows:  # the synced weights are the actor's at every step
-        assert r["rollout/logprob_diff_vs_actor"] <= 1e-3, r
+        assert r["rollout_corr/logprob_abs_diff"] <= 1e-3, r
         assert r["actor/grad_norm"] > 0, r

@@ -74,7 +74,7 @@ def test_training_ranks_apart_from_the_engine_over_a_process_group(inputs):
     rows = metrics_rows(out)
     assert len(rows) == 2, rows
     for r in rows:
-        assert r["rollout/logprob_diff_vs_actor"] <= 1e-5, r  # the engine runs the actor's weights
+        assert r["rollout_corr/logprob_abs_diff"] <= 1e-5, r  # the engine runs the actor's weights
         assert r["perf/logprobs_streamed"] == 0.75, r  # 3 of rollout.stream_chunks=4 parts while generating
         assert r["actor/grad_norm"] > 0, r
         # Every byte reached the engine over the group (its host sends nothing and trains nothing), but for the
@@ -100,7 +100,7 @@ def test_training_ranks_apart_from_the_engine_over_a_process_group(inputs):
     assert "resumed from" in log, log[-3000:]
     rows = metrics_rows(resumed)
     assert [r["step"] for r in rows] == [3], rows
-    assert rows[0]["rollout/logprob_diff_vs_actor"] <= 1e-5, rows
+    assert rows[0]["rollout_corr/logprob_abs_diff"] <= 1e-5, rows
     assert rows[0]["rollout/weight_version"] == 3.0, rows
 
 
@@ -123,4 +123,4 @@ def test_one_node_disaggregated_uses_shared_memory(inputs):
     )
     (row,) = metrics_rows(out)
     assert row["sync/group_bytes"] == 0 and row["sync/bytes"] > 0, row
-    assert row["rollout/logprob_diff_vs_actor"] <= 1e-5, row
+    assert row["rollout_corr/logprob_abs_diff"] <= 1e-5, row

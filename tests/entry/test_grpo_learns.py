@@ -36,7 +36,7 @@ def test_grpo_learns_the_copy_task(tmp_path):
     val = [r["val/reward/mean"] for r in rows if "val/reward/mean" in r]
     assert val[-1] > val[0] + 0.2, val
     # Step 1: the actor recomputes the engine's log-probs on the same weights.
-    assert rows[0]["rollout/logprob_diff_vs_actor"] <= 1e-3, rows[0]
+    assert rows[0]["rollout_corr/logprob_abs_diff"] <= 1e-3, rows[0]
     # The engines sample from the policy: the sampled tokens' mean -log p equals the policy's mean entropy
     # in expectation (per-step spread ~0.07, so the mean over the run is good to ~0.01). The seeded sampler
     # that reused token 0's random numbers for token 1 read -0.06 here, and trained to half the entropy.

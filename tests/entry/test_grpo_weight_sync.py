@@ -96,7 +96,7 @@ def test_resharded_weights_equal_the_actor_at_every_step(short_run):
     rows = metrics_rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for step, row in enumerate(rows, start=1):
-        assert row["rollout/logprob_diff_vs_actor"] <= 1e-3, row
+        assert row["rollout_corr/logprob_abs_diff"] <= 1e-3, row
         # the warm-up's sync made version 1; step s samples from version s and its sync makes s + 1
         assert row["rollout/weight_version"] == step, row
         assert row["sync/version"] == step + 1, row

@@ -55,6 +55,6 @@ def test_two_grpo_steps_on_gsm_symbolic(tmp_path):
         assert r["reward/errors"] == 0 and r["reward/timeouts"] == 0, r
         assert 0.0 <= r["reward/mean"] <= 1.0 and r["rollout/tokens"] > 0, r
         assert "actor/pg_loss" in r and "timing_s/train_actor" in r, sorted(r)
-    assert rows[0]["rollout/logprob_diff_vs_actor"] <= 1e-3, rows[0]
+    assert rows[0]["rollout_corr/logprob_abs_diff"] <= 1e-3, rows[0]
     assert "val/reward/mean" in rows[-1], rows[-1]
     assert (out / "hf" / "model.safetensors").is_file()

@@ -39,4 +39,4 @@ def test_ppo_with_a_critic_learns_the_copy_task(tmp_path):
     gap = statistics.mean(abs(r["critic/values_mean"] - r["critic/returns_mean"]) for r in rows[-5:])
     assert gap < 0.1, [(r["critic/values_mean"], r["critic/returns_mean"]) for r in rows[-5:]]
     assert all(r["critic/vf_loss"] >= 0 and r["critic/lr"] > 0 for r in rows)
-    assert rows[0]["rollout/logprob_diff_vs_actor"] <= 1e-3, rows[0]
+    assert rows[0]["rollout_corr/logprob_abs_diff"] <= 1e-3, rows[0]

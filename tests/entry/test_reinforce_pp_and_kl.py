@@ -65,7 +65,7 @@ def _train(inputs, name: str, steps: int, overrides: list[str]) -> list[dict]:
         assert "timing_s/ref_logprob" in row  # the reference ran every step
     first = rows[0]
     assert first["actor/kl"] == 0.0, first  # same weights: the KL is exactly 0, not merely small
-    assert first["rollout/logprob_diff_vs_actor"] <= 1e-3, first
+    assert first["rollout_corr/logprob_abs_diff"] <= 1e-3, first
     assert first["reward/max"] > first["reward/min"], first  # a signal to learn from (see scorers_for_entry)
     assert rows[-1]["actor/kl"] > 0.0, rows[-1]  # the policy has moved away from the reference
     return rows

@@ -1,7 +1,7 @@
 """rollout.stream_chunks on the real product (`distflow.train`, disaggregated, lock-step: one Megatron training
 rank, one SGLang engine rank, GRPO with a KL reference and two mini-batches, so both the old- and the
-reference-log-prob passes run): the samples reach the training rank in parts while the engine still
-generates, and the passes run on them there.
+reference-log-prob passes run, and a rollout correction against the old log-probs): the samples reach the
+training rank in parts while the engine still generates, and the passes run on them there.
 
 - Same result: every non-timing metric of the streamed job equals the unstreamed job's (stream_chunks=1),
   step by step, to float rounding (the passes run on other batch shapes).
@@ -38,6 +38,9 @@ def jobs(tmp_path_factory):
         "data.train_batch_size=4",
         "actor.mini_batch_size=2",  # two optimizer steps a batch: the old-log-prob pass runs
         "algorithm.kl_coef=0.01",  # the reference pass runs
+        # decoupled PPO with token TIS and a sequence mask: the proximal policy is the old-log-prob pass's
+        "algorithm.rollout_correction.is_level=token",
+        "algorithm.rollout_correction.mask_level=sequence",
         "rollout.n=4",
         "rollout.max_new_tokens=6",
         "trainer.total_steps=2",
@@ -76,7 +79,17 @@ def test_streamed_passes_give_the_unstreamed_result(jobs):
         assert "perf/logprobs_streamed" not in whole[step]
         keys = {n for n in whole[step] if n not in ("step", "time") and not n.startswith(_TIMED)}
         assert keys == {n for n in streamed[step] if n not in ("step", "time") and not n.startswith(_TIMED)}
-        assert {"actor/kl", "rollout/logprob_diff_vs_actor"} <= keys
+        assert {
+            "actor/kl",
+            "rollout_corr/logprob_abs_diff",
+            "rollout_corr/kl",
+            "rollout_corr/ppl_ratio",
+        } <= keys
+        # Engine and trainer hold the same weights: the importance weights are 1 up to numerics.
+        assert abs(whole[step]["rollout_corr/is_weight_mean"] - 1.0) <= 1e-3, whole[step]
+        assert whole[step]["rollout_corr/is_weight_max"] <= 1.0 + 1e-3, whole[step]
+        assert whole[step]["rollout_corr/masked_fraction"] == 0.0, whole[step]
+        assert whole[step]["rollout_corr/logprob_abs_diff_max"] <= 1e-3, whole[step]
         for n in sorted(keys):
             a, b = streamed[step][n], whole[step][n]
             assert abs(a - b) <= TOL * max(1.0, abs(b)), (step, n, a, b)

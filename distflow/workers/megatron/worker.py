@@ -246,8 +246,9 @@ class MegatronWorker:
                 loss, metrics = loss_fn(*self._logprobs(output, micro_batch), micro_batch)
             tokens = micro_batch["response_mask"].sum().to(torch.float32)
             weight = tokens / total_tokens
-            payload = {
-                k: torch.as_tensor(v, dtype=torch.float32, device=weight.device).detach() * weight
+            payload = {  # token-weighted, to be summed; a maximum (name ending in _max) stays as it is
+                k: torch.as_tensor(v, dtype=torch.float32, device=weight.device).detach()
+                * (1.0 if _is_max(k) else weight)
                 for k, v in metrics.items()
             }
             payload["loss"] = loss.detach().float() * weight
@@ -398,16 +399,27 @@ def _check_same_rows_on_dp_ranks(rows: int, device: torch.device) -> None:
         )
 
 
+def _is_max(name: str) -> bool:
+    """A metric that is a maximum (e.g. rollout_corr/logprob_abs_diff_max): reduced by max, not summed."""
+    return name.endswith("_max")
+
+
 def _reduce_loss_metrics(payloads: list[dict]) -> dict:
-    """Sum of the token-weighted micro-batch metrics over micro-batches and DP ranks, on every rank."""
+    """Sum of the token-weighted micro-batch metrics over micro-batches and DP ranks (the max of the
+    maxima), on every rank."""
     from megatron.core import parallel_state as ps
 
     summed = [None]
     if ps.is_pipeline_last_stage():
-        names = sorted(payloads[0])
+        names = sorted(k for k in payloads[0] if not _is_max(k))
+        maxima = sorted(k for k in payloads[0] if _is_max(k))
         local = torch.stack([sum(p[k] for p in payloads) for k in names]).to(torch.float64)
         dist.all_reduce(local, group=ps.get_data_parallel_group())
         summed = [dict(zip(names, local.tolist()))]
+        if maxima:
+            peak = torch.stack([torch.stack([p[k] for p in payloads]).max() for k in maxima]).double()
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=ps.get_data_parallel_group())
+            summed[0].update(zip(maxima, peak.tolist()))
     if ps.get_pipeline_model_parallel_world_size() > 1:
         dist.broadcast_object_list(
             summed,
@@ -418,7 +430,10 @@ def _reduce_loss_metrics(payloads: list[dict]) -> dict:
 
 
 def _average_steps(per_step: list[dict]) -> dict:
-    out = {k: sum(m[k] for m in per_step) / len(per_step) for k in per_step[0]}
+    out = {
+        k: max(m[k] for m in per_step) if _is_max(k) else sum(m[k] for m in per_step) / len(per_step)
+        for k in per_step[0]
+    }
     out.update(
         lr=per_step[-1]["lr"],
         optimizer_steps=float(len(per_step)),
