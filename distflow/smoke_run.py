@@ -149,7 +149,7 @@ def _generate_on_rank0(ctx, export_dir: Path, tokenizer) -> list[dict]:
         engine = sglang_engine.start_engine(
             export_dir,
             tp=ctx.cluster.placement.engine_tp,
-            dtype=cfg.model.dtype,
+            dtype=cfg.rollout.dtype or cfg.model.dtype,
             seed=cfg.trainer.seed,
             extra_args=cfg.rollout.sglang,
         )

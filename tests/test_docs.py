@@ -24,6 +24,7 @@ METRIC_PREFIXES = (
     "actor",
     "critic",
     "rollout",
+    "rollout_corr",
     "reward",
     "advantage",
     "sync",
@@ -31,6 +32,7 @@ METRIC_PREFIXES = (
     "perf",
     "val",
     "dapo",
+    "trainer",
     "response_length",
     "prompt_length",
 )

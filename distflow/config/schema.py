@@ -187,6 +187,11 @@ class RolloutConfig:
         "generation to end; where it falls depends on timing, so samples are not bit-reproducible. See "
         "docs/async.md.",
     )
+    dtype: Optional[DtypeName] = option(
+        None,
+        "The engines' compute dtype; null: model.dtype. A bf16 engine against an fp32 trainer samples from a "
+        "slightly different policy (rollout_corr/* metrics; algorithm.rollout_correction corrects for it).",
+    )
     stream_chunks: int = option(
         4,
         "Lock-step disaggregated runs: the samples move to the training ranks in this many parts, all but "

@@ -86,7 +86,7 @@ class ReshardedSync(WeightSync):
         cfg, cluster, rollout = self.cfg, self.cluster, self.rollout
         common = dict(
             engine=rollout.engine,
-            engine_dtype=cfg.model.dtype,
+            engine_dtype=cfg.rollout.dtype or cfg.model.dtype,
             mode=self.MODES[cfg.sync.method],
             timeout_s=cfg.trainer.dist_timeout_s,
         )

@@ -40,12 +40,14 @@ METRIC_PREFIXES = (
     "actor/",
     "critic/",
     "rollout/",
+    "rollout_corr/",
     "reward/",
     "advantage/",
     "val/",
     "sync/",
     "data/",
     "dapo/",
+    "trainer/",
 )
 # What the console line shows first (those present); everything is in metrics.jsonl.
 _CONSOLE_KEYS = (

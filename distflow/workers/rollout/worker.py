@@ -91,7 +91,7 @@ class RolloutWorker:
             engine = sglang_engine.start_engine(
                 model_path,
                 tp=placement.engine_tp,
-                dtype=cfg.model.dtype,
+                dtype=cfg.rollout.dtype or cfg.model.dtype,
                 seed=cfg.trainer.seed + self.engine_index,
                 mem_fraction_static=cfg.rollout.mem_fraction_static,
                 extra_args=args,
