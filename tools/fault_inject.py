@@ -3,6 +3,7 @@ frozen at a random point of each run, then checks of what a cluster user relies 
 
 Example: python tools/fault_inject.py --runs 20 --seed 1          (about 2 minutes a run on 2 CPU cores)
          python tools/fault_inject.py --runs 4 --faults kill_rank,stop_rank
+         python tools/fault_inject.py --runs 10 --faults stop@train_actor,kill@checkpoint_save
 
 Each run is `distflow.train` on the copy task (examples/configs/grpo_copy_cpu.yaml: 2 processes, actor
 TP=2, one SGLang engine per rank) for --steps steps with a checkpoint every 2, trainer.dist_timeout_s =
@@ -12,6 +13,10 @@ one fault hits a random process of the job:
   kill_engine        SIGKILL of an SGLang scheduler (an engine crash)
   kill_reward_worker SIGKILL of a reward scorer process (a scorer that crashes its interpreter)
   stop_rank          SIGSTOP of a training rank (a frozen process: a hung driver, a paused VM)
+  kill@<phase>, stop@<phase>
+                     SIGKILL / SIGSTOP of a random rank as it enters a phase of a step after the first
+                     checkpoint: generate (rollout), reward, train_actor (training), sync_weights (weight sync),
+                     checkpoint_save (while a checkpoint is written); armed by distflow.testing.phase_faults
 Checked per run: the job ends (no hang past the bound: --bound-s + torchrun's 30 s grace + a restart), with
 exit code 0 after as many restarts as the fault needs (none for a scorer worker: the pool replaces it and
 the sample scores 0); metrics.jsonl holds steps 1..T exactly once; every checkpoint folder left is intact
@@ -42,9 +47,13 @@ from distflow.models.tiny import make_tiny_model
 from distflow.testing.copy_task import copy_job_args
 from distflow.testing.launch import REPO_ROOT as REPO
 from distflow.testing.launch import run
+from distflow.testing.phase_faults import fault_env
 
-FAULTS = ("kill_rank", "kill_engine", "kill_reward_worker", "stop_rank")
-RESTARTING = {"kill_rank", "kill_engine", "stop_rank"}  # faults the job survives by restarting
+RANDOM_FAULTS = ("kill_rank", "kill_engine", "kill_reward_worker", "stop_rank")
+PHASES = ("generate", "reward", "train_actor", "sync_weights", "checkpoint_save")
+PHASE_FAULTS = tuple(f"{sig}@{phase}" for phase in PHASES for sig in ("kill", "stop"))
+FAULTS = RANDOM_FAULTS + PHASE_FAULTS
+RESTARTING = {"kill_rank", "kill_engine", "stop_rank", *PHASE_FAULTS}  # faults the job survives by restarting
 
 
 @dataclass
@@ -62,7 +71,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1, help="chooses the faults, targets and moments")
-    parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
+    parser.add_argument(
+        "--faults",
+        default=",".join(FAULTS),
+        help=f"comma-separated, of {', '.join(RANDOM_FAULTS)}, and kill@<phase> / stop@<phase> with a phase "
+        f"of {', '.join(PHASES)} (default: all)",
+    )
     parser.add_argument("--steps", type=int, default=6, help="RL steps per run (checkpoints every 2)")
     parser.add_argument("--bound-s", type=int, default=60, help="trainer.dist_timeout_s: the bound on a wait")
     parser.add_argument("--work-dir", default=None, help="default: a temporary folder")
@@ -123,7 +137,7 @@ def _task(work: Path, args) -> tuple[Path, Path]:
     return model, data
 
 
-def _command(model: Path, data: Path, out: Path, args) -> list[str]:
+def _command(model: Path, data: Path, out: Path, args, extra=()) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -141,6 +155,7 @@ def _command(model: Path, data: Path, out: Path, args) -> list[str]:
         "checkpoint.save_every=2",
         f"trainer.dist_timeout_s={args.bound_s}",
         "tracking.backends=[jsonl]",
+        *extra,
     ]
 
 
@@ -156,18 +171,29 @@ def _limit(args) -> float:
 def _faulted_run(model, data, out: Path, fault: str, after_step: int, rng, args) -> Outcome:
     outcome = Outcome(fault, at_step=after_step)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    extra = []
+    if "@" in fault:  # armed inside the job: the rank strikes itself as it enters the phase
+        sig, phase = fault.split("@")
+        rank = rng.randint(0, 1)
+        step = after_step + (after_step % 2 if phase == "checkpoint_save" else 1)  # checkpoints: even steps
+        outcome.target, outcome.at_step = f"rank {rank} in {phase} of step {step}", step
+        env.update(fault_env(phase, step, rank, sig.upper()))
+        extra = ["dag.pipeline=distflow.testing.phase_faults:pipeline"]
     log = (out.parent / f"{out.name}.log").open("w")
     start = time.monotonic()
     job = subprocess.Popen(
-        _command(model, data, out, args),
+        _command(model, data, out, args, extra),
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
         cwd=REPO,
         start_new_session=True,
     )
-    striker = threading.Thread(target=_strike, args=(job, out, fault, after_step, rng, outcome), daemon=True)
-    striker.start()
+    if "@" not in fault:
+        striker = threading.Thread(
+            target=_strike, args=(job, out, fault, after_step, rng, outcome), daemon=True
+        )
+        striker.start()
     try:
         outcome.rc = job.wait(timeout=_limit(args))
     except subprocess.TimeoutExpired:
@@ -182,6 +208,8 @@ def _faulted_run(model, data, out: Path, fault: str, after_step: int, rng, args)
         outcome.problems.append(f"exit code {outcome.rc} (log: {out.parent / (out.name + '.log')})")
     if outcome.target == "-":
         outcome.problems.append("the fault found no target (the run ended first?)")
+    if "@" in fault and "[phase_faults]" not in text:
+        outcome.problems.append("the armed fault never struck")
     return outcome
 
 

@@ -1,0 +1,73 @@
+"""A rank lost or frozen at a fixed point of a real job (the main job's shape: 2 CPU processes, actor TP=2,
+one SGLang engine per rank) under `torchrun --max-restarts 1`: the job ends by itself within the bound,
+restarted once, resumed from its last complete checkpoint, with metrics.jsonl holding steps 1..T once and
+every checkpoint intact. distflow.testing.phase_faults arms the fault; tools/fault_inject.py --phase runs
+the same faults at every phase and reports. Here the few CI keeps: a frozen rank while training, a rank
+killed in the weight sync, and one killed while its checkpoint is written.
+"""
+
+import time
+
+import pytest
+
+from distflow.checkpointing.directory import CheckpointDirectory, structure_problems
+from distflow.testing.copy_task import copy_task, metrics_rows
+from distflow.testing.launch import torchrun
+from distflow.testing.phase_faults import fault_env
+
+BOUND_S = 30  # trainer.dist_timeout_s: a frozen rank stops the others within it
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return copy_task(tmp_path_factory.mktemp("phase_faults"), train=64)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "node, sig",
+    [("train_actor", "STOP"), ("sync_weights", "KILL"), ("checkpoint_save", "KILL")],
+)
+def test_the_job_restarts_and_resumes_after_a_fault(task, tmp_path, node, sig):
+    model, data = task
+    out = tmp_path / "run"
+    started = time.monotonic()
+    log = torchrun(
+        "distflow.train",
+        nproc=2,
+        module=True,
+        timeout_s=600,
+        max_restarts=1,
+        env=fault_env(node, step=2, rank=1, sig=sig),
+        args=[
+            "examples/configs/grpo_copy_cpu.yaml",
+            f"model.path={model}",
+            f"data.train_files=[{data}/train.parquet]",
+            "data.val_files=[]",
+            "trainer.val_every=0",
+            "data.train_batch_size=4",
+            "rollout.n=4",
+            "rollout.max_new_tokens=6",
+            "trainer.sft_warmup_steps=1",
+            "trainer.total_steps=3",
+            "checkpoint.save_every=1",
+            "checkpoint.keep_last=3",
+            "checkpoint.export_hf=false",
+            f"trainer.dist_timeout_s={BOUND_S}",
+            "dag.pipeline=distflow.testing.phase_faults:pipeline",
+            f"trainer.output_dir={out}",
+        ],
+    )
+    seconds = time.monotonic() - started
+    what = "while saving step 2" if node == "checkpoint_save" else f"in {node} of step 2"
+    assert f"[phase_faults] rank 1: SIG{sig} {what}" in log, log[-3000:]
+    assert "this is a restarted attempt (1 torchrun restart(s)" in log, log[-3000:]
+    assert "resumed from" in log, log[-3000:]  # step 1's checkpoint at least
+    rows = metrics_rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3], [r["step"] for r in rows]
+    assert rows[-1]["trainer/restarts"] == 1
+    checkpoints = CheckpointDirectory.of_run(out)
+    for step in (1, 2, 3):
+        assert not structure_problems(checkpoints.final(step)), step
+    # Two start-ups (about 30 s each here), the bound for the frozen rank, and torchrun's grace.
+    assert seconds < 4 * BOUND_S + 120, seconds
