@@ -17,14 +17,12 @@ masked share, the reward over the first and the last 5 steps. Last line: the rat
 import argparse
 import shutil
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-from distflow.models.tiny import make_tiny_model
-from distflow.testing.copy_task import copy_job_args, metrics_rows
+from distflow.testing.copy_task import copy_job_args, copy_task, metrics_rows
 from distflow.testing.launch import REPO_ROOT as REPO
-from distflow.testing.launch import run, torchrun
+from distflow.testing.launch import torchrun
 
 SHOWN = (
     "rollout_corr/logprob_abs_diff",
@@ -78,15 +76,8 @@ def main(argv=None) -> None:
 
 
 def _task(work: Path, args) -> tuple[Path, Path]:
-    model = make_tiny_model("qwen2", work / "model", vocab=300, hidden=128, ffn=512, heads=4, kv_heads=2)
-    data = work / "copy"
-    if not (data / "train.parquet").is_file():
-        run(
-            [sys.executable, REPO / "tools/prepare_data.py", "copy", "--out", data, "--digits", "4"]
-            + ["--train", str(32 * (args.steps + args.sft_warmup + 2)), "--test", "8", "--seed", "1"],
-            timeout_s=300,
-        )
-    return model, data
+    """The README main job's model (hidden 128) and copy data with a prompt for every step."""
+    return copy_task(work, train=32 * (args.steps + args.sft_warmup + 2), hidden=128, ffn=512)
 
 
 def _train(model: Path, data: Path, out: Path, overrides: list[str], args) -> None:

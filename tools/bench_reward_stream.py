@@ -21,16 +21,14 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from distflow.models.tiny import make_tiny_model
-from distflow.rewards import copy_task
-from distflow.testing.copy_task import copy_job_args
+from distflow.rewards import copy_task as copy_reward
+from distflow.testing.copy_task import copy_job_args, copy_task
 from distflow.testing.launch import REPO_ROOT as REPO
-from distflow.testing.launch import run, torchrun
+from distflow.testing.launch import torchrun
 
 DELAY_ENV = "DISTFLOW_BENCH_SCORE_DELAY_S"
 
@@ -38,7 +36,7 @@ DELAY_ENV = "DISTFLOW_BENCH_SCORE_DELAY_S"
 def slow_copy(solution_str, ground_truth, extra_info=None, *, ended_with_eos: bool) -> float:
     """The copy-task reward after a sleep of $DISTFLOW_BENCH_SCORE_DELAY_S (runs in the scorer workers)."""
     time.sleep(float(os.environ.get(DELAY_ENV, "0")))
-    return copy_task.score(solution_str, ground_truth, extra_info, ended_with_eos=ended_with_eos)
+    return copy_reward.score(solution_str, ground_truth, extra_info, ended_with_eos=ended_with_eos)
 
 
 def main(argv=None) -> None:
@@ -81,15 +79,8 @@ def main(argv=None) -> None:
 
 
 def _task(work: Path, args) -> tuple[Path, Path]:
-    model = make_tiny_model("qwen2", work / "model", vocab=300, hidden=128, ffn=512, heads=4, kv_heads=2)
-    data = work / "copy"
-    if not (data / "train.parquet").is_file():
-        run(
-            [sys.executable, REPO / "tools/prepare_data.py", "copy", "--out", data, "--digits", "4"]
-            + ["--train", str(args.batch * (args.steps + 2)), "--test", "8", "--seed", "1"],
-            timeout_s=300,
-        )
-    return model, data
+    """The README main job's model (hidden 128) and copy data with a prompt for every step."""
+    return copy_task(work, train=args.batch * (args.steps + 2), hidden=128, ffn=512)
 
 
 def _train(model: Path, data: Path, out: Path, stream: bool, args) -> None:

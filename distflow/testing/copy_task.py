@@ -9,11 +9,12 @@ from distflow.models.tiny import make_tiny_model
 from distflow.testing.launch import run
 
 
-def copy_task(root, *, train: int, test: int = 8) -> tuple[Path, Path]:
+def copy_task(root, *, train: int, test: int = 8, **sizes) -> tuple[Path, Path]:
     """(model dir, data dir) under `root`: tiny qwen2 with a 300-token vocabulary (padded for TP, which
-    exercises the masking of padded logits) and `train`/`test` copy prompts of 4 digits (seed 1)."""
+    exercises the masking of padded logits; `sizes` as make_tiny_model's, e.g. the README main job's
+    hidden=128, ffn=512) and `train`/`test` copy prompts of 4 digits (seed 1)."""
     root = Path(root)
-    model = make_tiny_model("qwen2", root / "tiny-qwen2", vocab=300)
+    model = make_tiny_model("qwen2", root / "tiny-qwen2", vocab=300, **sizes)
     data = root / "copy"
     run(
         [
@@ -41,14 +42,32 @@ def metrics_rows(out_dir) -> list[dict]:
     return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
-def copy_job_args(model, data, out_dir) -> list[str]:
+def copy_job_args(model, data, out_dir=None) -> list[str]:
     """distflow.train's arguments for the README's main job on the copy task in `data`, training only (no
-    validation), writing to out_dir: the base the tools' benchmark jobs add their own overrides to."""
+    validation), writing to out_dir (None: the caller names it): the base the tools' benchmark jobs and the
+    tests add their own overrides to."""
     return [
         "examples/configs/grpo_copy_cpu.yaml",
         f"model.path={model}",
         f"data.train_files=[{data}/train.parquet]",
         "data.val_files=[]",
         "trainer.val_every=0",
-        f"trainer.output_dir={out_dir}",
+        *([f"trainer.output_dir={out_dir}"] if out_dir is not None else []),
+    ]
+
+
+def disaggregated_test_job_args(model, data) -> list[str]:
+    """distflow.train's arguments for the small disaggregated jobs of the tests (one training rank, one
+    engine rank: 2 processes), before each test's own: 4 prompts x 4 samples of at most 6 tokens, one
+    warm-up step, no validation, no HF export."""
+    return [
+        *copy_job_args(model, data),
+        "rollout.placement=disaggregated",
+        "rollout.num_ranks=1",
+        "actor.tp=1",
+        "trainer.sft_warmup_steps=1",
+        "data.train_batch_size=4",
+        "rollout.n=4",
+        "rollout.max_new_tokens=6",
+        "checkpoint.export_hf=false",
     ]

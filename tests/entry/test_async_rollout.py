@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from distflow.checkpointing.trainer_state import read_meta
-from distflow.testing.copy_task import copy_task
+from distflow.testing.copy_task import copy_task, disaggregated_test_job_args
 from distflow.testing.launch import JobFailed, torchrun
 
 # Wall-clock metrics differ between any two runs; everything else must match.
@@ -38,21 +38,9 @@ def task(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("async")
     model, data = copy_task(tmp, train=64)
     common = [
-        "examples/configs/grpo_copy_cpu.yaml",
-        f"model.path={model}",
-        f"data.train_files=[{data}/train.parquet]",
-        "data.val_files=[]",
-        "trainer.val_every=0",
-        "rollout.placement=disaggregated",
-        "rollout.num_ranks=1",
-        "actor.tp=1",
-        "trainer.sft_warmup_steps=1",
-        "data.train_batch_size=4",
-        "rollout.n=4",
-        "rollout.max_new_tokens=6",
+        *disaggregated_test_job_args(model, data),
         "trainer.total_steps=4",
         "checkpoint.save_every=2",
-        "checkpoint.export_hf=false",
     ]
     return tmp, common
 

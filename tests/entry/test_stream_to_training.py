@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from distflow.testing.copy_task import copy_task
+from distflow.testing.copy_task import copy_task, disaggregated_test_job_args
 from distflow.testing.launch import torchrun
 
 _TIMED = ("timing_s/", "perf/", "sync/seconds", "sync/gbps", "rollout/seconds")
@@ -26,26 +26,14 @@ def jobs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stream")
     model, data = copy_task(tmp, train=64)
     common = [
-        "examples/configs/grpo_copy_cpu.yaml",
-        f"model.path={model}",
-        f"data.train_files=[{data}/train.parquet]",
-        "data.val_files=[]",
-        "trainer.val_every=0",
-        "rollout.placement=disaggregated",
-        "rollout.num_ranks=1",
-        "actor.tp=1",
-        "trainer.sft_warmup_steps=1",
-        "data.train_batch_size=4",
+        *disaggregated_test_job_args(model, data),
         "actor.mini_batch_size=2",  # two optimizer steps a batch: the old-log-prob pass runs
         "algorithm.kl_coef=0.01",  # the reference pass runs
         # decoupled PPO with token TIS and a sequence mask: the proximal policy is the old-log-prob pass's
         "algorithm.rollout_correction.is_level=token",
         "algorithm.rollout_correction.mask_level=sequence",
-        "rollout.n=4",
-        "rollout.max_new_tokens=6",
         "trainer.total_steps=2",
         "checkpoint.save_every=0",
-        "checkpoint.export_hf=false",
     ]
     outs = {}
     for chunks in (4, 1):
