@@ -120,6 +120,26 @@ VERL_KEYS: dict[str, VerlKey] = {
     "algorithm.norm_adv_by_std_in_grpo": VerlKey("algorithm.norm_adv_by_std"),
     "algorithm.filter_groups.enable": VerlKey("algorithm.dynamic_sampling", "with dag.pipeline=dapo"),
     "algorithm.filter_groups.max_num_gen_batches": VerlKey("algorithm.max_sampling_attempts"),
+    "algorithm.rollout_correction.rollout_is": VerlKey(
+        "algorithm.rollout_correction.is_level", "token or sequence; null is none"
+    ),
+    "algorithm.rollout_correction.rollout_is_threshold": VerlKey(
+        "algorithm.rollout_correction.is_cap", "the truncation cap (TIS)"
+    ),
+    "algorithm.rollout_correction.rollout_rs": VerlKey(
+        "algorithm.rollout_correction.mask_level",
+        "token masks tokens; sequence here tests the geometric-mean ratio (verl's geometric)",
+    ),
+    "algorithm.rollout_correction.rollout_rs_threshold": VerlKey("algorithm.rollout_correction.mask_high"),
+    "algorithm.rollout_correction.rollout_rs_threshold_lower": VerlKey(
+        "algorithm.rollout_correction.mask_low"
+    ),
+    "algorithm.rollout_correction.bypass_mode": VerlKey(
+        None,
+        "a correction here always takes the PPO ratio against the proximal policy (decoupled); the "
+        "old-log-prob pass runs only where several updates need it",
+    ),
+    f"{_AR}.rollout.dtype": VerlKey("rollout.dtype"),
     # reward
     "custom_reward_function.path": VerlKey(
         "reward.custom", "'path/to/file.py:function' (or 'module:function')"
