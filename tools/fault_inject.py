@@ -10,18 +10,19 @@ TP=2, one SGLang engine per rank) for --steps steps with a checkpoint every 2, t
 --bound-s and torchrun --max-restarts 2. Once the run has checkpointed (step 2) or at a random later point,
 one fault hits a random process of the job:
   kill_rank          SIGKILL of a training rank (the OOM killer, a lost node)
-  kill_engine        SIGKILL of an SGLang scheduler (an engine crash)
+  kill_engine        SIGKILL of an SGLang scheduler (an engine crash: restarted in place, no job restart)
   kill_reward_worker SIGKILL of a reward scorer process (a scorer that crashes its interpreter)
   stop_rank          SIGSTOP of a training rank (a frozen process: a hung driver, a paused VM)
   kill@<phase>, stop@<phase>
                      SIGKILL / SIGSTOP of a random rank as it enters a phase of a step after the first
                      checkpoint: generate (rollout), reward, train_actor (training), sync_weights (weight sync),
                      checkpoint_save (while a checkpoint is written); armed by distflow.testing.phase_faults
+  engine@<phase>     SIGKILL of a random rank's engine processes as the rank enters generate or sync_weights
 Checked per run: the job ends (no hang past the bound: --bound-s + torchrun's 30 s grace + a restart), with
 exit code 0 after as many restarts as the fault needs (none for a scorer worker: the pool replaces it and
-the sample scores 0); metrics.jsonl holds steps 1..T exactly once; every checkpoint folder left is intact
-against its manifest; and, for the faults that restart from a checkpoint, the final weights equal an
-uninterrupted run's (exact resume). A killed scorer changes a reward, so its run is not compared. Last
+the sample scores 0; none for an engine: it restarts in place, rollout.engine_restarts); metrics.jsonl holds steps 1..T exactly once; every checkpoint folder left is intact
+against its manifest; and, for the faults that restart from a checkpoint or an engine, the final weights
+equal an uninterrupted run's (exact resume; the same samples from the engines that took a dead one's work). A killed scorer changes a reward, so its run is not compared. Last
 line: the tally. Exit code 1 if any run failed a check.
 """
 
@@ -52,8 +53,10 @@ from distflow.testing.phase_faults import fault_env
 RANDOM_FAULTS = ("kill_rank", "kill_engine", "kill_reward_worker", "stop_rank")
 PHASES = ("generate", "reward", "train_actor", "sync_weights", "checkpoint_save")
 PHASE_FAULTS = tuple(f"{sig}@{phase}" for phase in PHASES for sig in ("kill", "stop"))
-FAULTS = RANDOM_FAULTS + PHASE_FAULTS
-RESTARTING = {"kill_rank", "kill_engine", "stop_rank", *PHASE_FAULTS}  # faults the job survives by restarting
+ENGINE_FAULTS = ("engine@generate", "engine@sync_weights")
+FAULTS = RANDOM_FAULTS + PHASE_FAULTS + ENGINE_FAULTS
+IN_PLACE = {"kill_engine", *ENGINE_FAULTS}  # survived without a job restart (the engine restarts)
+EXACT = {"kill_rank", "stop_rank", *PHASE_FAULTS, *IN_PLACE}  # final weights equal the uninterrupted run's
 
 
 @dataclass
@@ -74,7 +77,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--faults",
         default=",".join(FAULTS),
-        help=f"comma-separated, of {', '.join(RANDOM_FAULTS)}, and kill@<phase> / stop@<phase> with a phase "
+        help=f"comma-separated, of {', '.join(RANDOM_FAULTS + ENGINE_FAULTS)}, and kill@<phase> / stop@<phase> "
+        "with a phase "
         f"of {', '.join(PHASES)} (default: all)",
     )
     parser.add_argument("--steps", type=int, default=6, help="RL steps per run (checkpoints every 2)")
@@ -172,7 +176,7 @@ def _faulted_run(model, data, out: Path, fault: str, after_step: int, rng, args)
     outcome = Outcome(fault, at_step=after_step)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     extra = []
-    if "@" in fault:  # armed inside the job: the rank strikes itself as it enters the phase
+    if "@" in fault:  # armed inside the job: the rank strikes itself (or its engine) as it enters the phase
         sig, phase = fault.split("@")
         rank = rng.randint(0, 1)
         step = after_step + (after_step % 2 if phase == "checkpoint_save" else 1)  # checkpoints: even steps
@@ -204,6 +208,12 @@ def _faulted_run(model, data, out: Path, fault: str, after_step: int, rng, args)
     outcome.seconds = time.monotonic() - start
     text = (out.parent / f"{out.name}.log").read_text(errors="replace")
     outcome.restarts = max(0, text.count("pre-flight checks passed") - 1)  # rank 0 logs it once an attempt
+    if fault in IN_PLACE and outcome.restarts:
+        outcome.problems.append(
+            f"{outcome.restarts} job restart(s): the engine should have restarted in place"
+        )
+    if fault in IN_PLACE and "[rollout] engine" not in text:
+        outcome.problems.append("no engine restart in the log")
     if outcome.rc != 0:
         outcome.problems.append(f"exit code {outcome.rc} (log: {out.parent / (out.name + '.log')})")
     if outcome.target == "-":
@@ -279,7 +289,7 @@ def _check(out: Path, steps: int, fault: str, ref_weights: dict) -> list[str]:
         for problem in structure_problems(directory.final(step)):
             problems.append(f"checkpoint step_{step}: {problem}")
     final = out / "hf" / "model.safetensors"
-    if fault in RESTARTING and final.is_file():
+    if fault in EXACT and final.is_file():
         weights = load_file(final)
         worst = max((weights[n] - t).abs().max().item() for n, t in ref_weights.items())
         if worst > 1e-6:

@@ -171,6 +171,15 @@ class RolloutConfig:
         "counts as stalled and the run stops with an error naming it; null: trainer.dist_timeout_s (the job's "
         "bound on every wait). Raise it for rollouts that take longer.",
     )
+    engine_restarts: int = option(
+        2,
+        "How often each engine may be restarted in place in one attempt after its processes die or stall. With "
+        "several engines, a dead engine's unfinished chunks of the rollout go to the others (same seeds, same "
+        "samples) while it restarts, and the next weight sync loads the current weights into it; a death in a "
+        "sync restarts it and the sync runs again. Spent (or 0, or a single engine dying mid-rollout): the job "
+        "stops naming the engine, and a torchrun restart resumes it from its last checkpoint. Metric "
+        "rollout/engine_restarts.",
+    )
     max_staleness: int = option(
         0,
         "Bounded staleness: a sample may be trained on by a policy up to this many weight versions newer "

@@ -80,6 +80,10 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
         _positive("rollout.balance_timeout_s", r.balance_timeout_s)
     if r.call_timeout_s is not None:
         _positive("rollout.call_timeout_s", r.call_timeout_s)
+    if r.engine_restarts < 0:
+        raise ConfigError(
+            f"rollout.engine_restarts={r.engine_restarts} must be >= 0 (0: an engine death stops the job)"
+        )
     if r.engine_nnodes < 1 or r.engine_tp % r.engine_nnodes:
         raise ConfigError(
             f"rollout.engine_nnodes={r.engine_nnodes} must be >= 1 and divide rollout.engine_tp="

@@ -18,7 +18,7 @@ import time
 
 import torch.distributed as dist
 
-from distflow.coordination.weights import WeightResharder, engine_side, megatron_tensors
+from distflow.coordination.weights import WeightResharder, WeightSyncError, engine_side, megatron_tensors
 from distflow.workers.rollout.worker import placement_device
 
 
@@ -46,7 +46,24 @@ class WeightSync:
         return tuple(engine_side.engine_args()["custom_weight_loader"])
 
     def sync(self) -> dict[str, float]:
-        """Collective: the engines hold the actor's weights as the next version; returns the sync/* metrics."""
+        """Collective: the engines hold the actor's weights as the next version; returns the sync/* metrics.
+        An engine found dead is restarted first; one that dies during the sync is restarted and the sync runs
+        again (every rank hears of the death in the same exchange, so all retry), within
+        rollout.engine_restarts."""
+        while True:
+            self.rollout.revive_dead_engine()
+            try:
+                return self._sync()
+            except WeightSyncError as exc:
+                if not (exc.engines_died and self.cfg.rollout.engine_restarts > 0):
+                    raise
+                if self.rank == 0:
+                    print(
+                        f"[sync] {str(exc).splitlines()[0]}; restarting the engine and syncing again",
+                        flush=True,
+                    )
+
+    def _sync(self) -> dict[str, float]:
         raise NotImplementedError
 
     def continue_versions_from(self, version: int) -> None:
@@ -61,11 +78,13 @@ class ReshardedSync(WeightSync):
         super().__init__(*args)
         self.resharder = None  # built at the first sync: the engines and the actor's shards exist by then
 
-    def sync(self) -> dict[str, float]:
+    def _sync(self) -> dict[str, float]:
         if self.resharder is None:
             self.resharder = self._build_resharder()
             if self.rank == 0:
                 print(self.resharder.plan.describe(), flush=True)
+        elif self.resharder.engine is not self.rollout.engine:  # restarted since the last sync
+            self.resharder.replace_engine(self.rollout.engine)
         self.rollout.make_resident(
             only=("weights",)
         )  # the KV cache comes back at generation, after the staging
@@ -106,7 +125,7 @@ class ReshardedSync(WeightSync):
 
 
 class FullSync(WeightSync):
-    def sync(self) -> dict[str, float]:
+    def _sync(self) -> dict[str, float]:
         start = time.perf_counter()
         # Full tensors on global rank 0 (a training rank), None elsewhere.
         state = self.actor.export_hf_state() if self.actor is not None else None

@@ -42,6 +42,26 @@ def metrics_rows(out_dir) -> list[dict]:
     return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
+# Metrics that differ between two runs computing the same steps: wall-clock time, and scheduling outcomes
+# (which engine generated which chunk, restarts); samples, rewards, losses and weights may not.
+TIMED_METRICS = (
+    "timing_s/",
+    "perf/",
+    "sync/seconds",
+    "sync/gbps",
+    "rollout/seconds",
+    "rollout/stolen_groups",
+    "rollout/engine_tokens_max_over_mean",
+    "rollout/engine_restarts",
+    "trainer/restarts",
+)
+
+
+def comparable_metrics(row: dict) -> dict:
+    """A metrics row without its timing and scheduling metrics (TIMED_METRICS), step and time."""
+    return {k: v for k, v in row.items() if k not in ("step", "time") and not k.startswith(TIMED_METRICS)}
+
+
 def copy_job_args(model, data, out_dir=None) -> list[str]:
     """distflow.train's arguments for the README's main job on the copy task in `data`, training only (no
     validation), writing to out_dir (None: the caller names it): the base the tools' benchmark jobs and the

@@ -9,6 +9,7 @@ save is not a node: $DISTFLOW_FAULT_NODE=checkpoint_save strikes while step $DIS
 checkpoint is being written (a watcher thread sees its staging folder appear).
 """
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -25,7 +26,7 @@ CHECKPOINT_SAVE = "checkpoint_save"
 
 
 def fault_env(node: str, step: int, rank: int, sig: str, pipeline: str = "grpo") -> dict[str, str]:
-    """The environment that arms one fault (sig: "KILL" or "STOP")."""
+    """The environment that arms one fault (sig: "KILL", "STOP" or "ENGINE")."""
     return {
         "DISTFLOW_FAULT_NODE": node,
         "DISTFLOW_FAULT_STEP": str(step),
@@ -40,6 +41,10 @@ def pipeline(cfg) -> Pipeline:
     node, step, rank, sig = (os.environ[name] for name in ENV)
     armed = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and int(os.environ["RANK"]) == int(rank)
     if not armed:
+        return base
+    if sig == "ENGINE":
+        base.node(node)
+        base.nodes = [_engine_killed(n, int(step)) if n.id == node else n for n in base.nodes]
         return base
     strike = getattr(signal, f"SIG{sig}")
     if node == CHECKPOINT_SAVE:
@@ -60,6 +65,26 @@ def _armed(node, step: int, strike):
                 flush=True,
             )
             os.kill(os.getpid(), strike)
+        return inner(ctx, inputs)
+
+    return dataclasses.replace(node, fn=fn)
+
+
+def _engine_killed(node, step: int):
+    """The node, with this rank's engine processes SIGKILLed as it starts at `step` (in generate: the engine
+    dies under the rollout's first request; in sync_weights: under the sync's first call)."""
+    inner = node.resolve()
+
+    def fn(ctx, inputs):
+        engine = ctx.workers.rollout.engine
+        if ctx.step.step == step and engine is not None:
+            print(
+                f"[phase_faults] rank {os.environ['RANK']}: engine killed in {node.id} of step {step}",
+                flush=True,
+            )
+            for pid in engine.get_all_child_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         return inner(ctx, inputs)
 
     return dataclasses.replace(node, fn=fn)

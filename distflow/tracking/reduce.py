@@ -42,7 +42,7 @@ REDUCTIONS: tuple[tuple[re.Pattern, Reduction], ...] = tuple(
         (r"^(rollout|sync)/seconds$|^timing_s/", MAX),
         (r"^perf/(max_memory_\w+|cpu_memory_used)_gb$", MAX),  # the fullest rank is the one that runs out
         (
-            r"^rollout/(tokens|samples|stale_dropped)$|^reward/(errors|timeouts|samples)$|^advantage/samples$",
+            r"^rollout/(tokens|samples|stale_dropped|engine_restarts)$|^reward/(errors|timeouts|samples)$|^advantage/samples$",
             SUM,
         ),
         # Rollout / reward means are over each engine owner's own samples: weight by its sample count.

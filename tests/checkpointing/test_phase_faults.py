@@ -2,8 +2,10 @@
 one SGLang engine per rank) under `torchrun --max-restarts 1`: the job ends by itself within the bound,
 restarted once, resumed from its last complete checkpoint, with metrics.jsonl holding steps 1..T once and
 every checkpoint intact. distflow.testing.phase_faults arms the fault; tools/fault_inject.py --phase runs
-the same faults at every phase and reports. Here the two CI keeps: a frozen rank while training, and one
-killed while its checkpoint is written.
+the same faults at every phase and reports. Here the ones CI keeps: a frozen rank while training, one killed
+while its checkpoint is written, and an engine killed while it generates, which needs no job restart: the
+other engine takes its chunks, it restarts in place and the next sync loads the current weights (checked by
+sync.verify), and the run's metrics equal the frozen-rank run's (both equal the uninterrupted run's).
 """
 
 import time
@@ -11,11 +13,12 @@ import time
 import pytest
 
 from distflow.checkpointing.directory import CheckpointDirectory, structure_problems
-from distflow.testing.copy_task import copy_task, metrics_rows
+from distflow.testing.copy_task import comparable_metrics, copy_task, metrics_rows
 from distflow.testing.launch import torchrun
 from distflow.testing.phase_faults import fault_env
 
 BOUND_S = 30  # trainer.dist_timeout_s: a frozen rank stops the others within it
+ROWS: dict[str, list[dict]] = {}  # case -> its metrics rows, for the engine case's comparison
 
 
 @pytest.fixture(scope="module")
@@ -23,16 +26,9 @@ def task(tmp_path_factory):
     return copy_task(tmp_path_factory.mktemp("phase_faults"), train=64)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "node, sig",
-    [("train_actor", "STOP"), ("checkpoint_save", "KILL")],
-)
-def test_the_job_restarts_and_resumes_after_a_fault(task, tmp_path, node, sig):
+def run_job(task, out, node, sig, *extra):
     model, data = task
-    out = tmp_path / "run"
-    started = time.monotonic()
-    log = torchrun(
+    return torchrun(
         "distflow.train",
         nproc=2,
         module=True,
@@ -56,14 +52,26 @@ def test_the_job_restarts_and_resumes_after_a_fault(task, tmp_path, node, sig):
             f"trainer.dist_timeout_s={BOUND_S}",
             "dag.pipeline=distflow.testing.phase_faults:pipeline",
             f"trainer.output_dir={out}",
+            *extra,
         ],
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "node, sig",
+    [("train_actor", "STOP"), ("checkpoint_save", "KILL")],
+)
+def test_the_job_restarts_and_resumes_after_a_fault(task, tmp_path, node, sig):
+    out = tmp_path / "run"
+    started = time.monotonic()
+    log = run_job(task, out, node, sig)
     seconds = time.monotonic() - started
     what = "while saving step 2" if node == "checkpoint_save" else f"in {node} of step 2"
     assert f"[phase_faults] rank 1: SIG{sig} {what}" in log, log[-3000:]
     assert "this is a restarted attempt (1 torchrun restart(s)" in log, log[-3000:]
     assert "resumed from" in log, log[-3000:]  # step 1's checkpoint at least
-    rows = metrics_rows(out)
+    rows = ROWS[node] = metrics_rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3], [r["step"] for r in rows]
     assert rows[-1]["trainer/restarts"] == 1
     checkpoints = CheckpointDirectory.of_run(out)
@@ -71,3 +79,24 @@ def test_the_job_restarts_and_resumes_after_a_fault(task, tmp_path, node, sig):
         assert not structure_problems(checkpoints.final(step)), step
     # Two start-ups (about 30 s each here), the bound for the frozen rank, and torchrun's grace.
     assert seconds < 4 * BOUND_S + 120, seconds
+
+
+@pytest.mark.slow
+def test_an_engine_killed_mid_rollout_restarts_in_place(task, tmp_path):
+    out = tmp_path / "run"
+    log = run_job(task, out, "generate", "ENGINE", "sync.verify=true")
+    assert "[phase_faults] rank 1: engine killed in generate of step 2" in log, log[-3000:]
+    assert "[rollout] engine 1 died in step 2's rollout" in log, log[-3000:]
+    assert "restarted attempt" not in log, log[-3000:]  # no job restart
+    rows = metrics_rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3], [r["step"] for r in rows]
+    assert [r["rollout/engine_restarts"] for r in rows] == [0, 1, 1]
+    assert rows[-1]["trainer/restarts"] == 0
+    reference = ROWS.get("train_actor")  # the same steps, resumed exactly after a frozen rank
+    if reference is None:
+        pytest.skip("the frozen-rank case did not run first: no run to compare the metrics with")
+    for mine, theirs in zip(rows, reference):
+        mine, theirs = comparable_metrics(mine), comparable_metrics(theirs)
+        assert mine.keys() == theirs.keys() and len(mine) > 10, sorted(mine.keys() ^ theirs.keys())
+        for k in mine:
+            assert mine[k] == pytest.approx(theirs[k], rel=1e-5, abs=1e-6), (rows[0]["step"], k)

@@ -102,3 +102,41 @@ def test_partition_board_claims_only_its_own_chunks_but_shares_totals():
     boards[1].post_results({chunks[1][0]: ["b"], chunks[1][1]: ["c"]}, 8)
     assert boards[0].collect() == ({0: ["a"]}, {"stolen_groups": 0, "engine_tokens": [4, 8]})
     assert boards[1].collect() == ({0: ["b"], 1: ["c"]}, {"stolen_groups": 0, "engine_tokens": [4, 8]})
+
+
+def test_a_dead_engines_chunks_are_adopted_and_its_results_still_come_home():
+    store = HashStore()
+    prompts = {0: [[1]], 1: [[3], [4], [5]]}
+    boards = {e: StoreBoard(store, 0, e, 2, timeout_s=5, steal=False) for e in (0, 1)}
+    chunks = {e: split_into_chunks(e, [1] * len(prompts[e]), 1, 4, 1) for e in (0, 1)}
+    for e in (0, 1):
+        boards[e].publish(chunks[e], prompts[e])
+    # engine 1 finishes its first chunk, claims its second and dies generating it
+    first, second = boards[1].claim(), boards[1].claim()
+    boards[1].chunk_done()
+    assert boards[1].abandon([second]) == 2  # the unfinished one and the unclaimed third
+    # engine 0 (partition: it never steals) does its own, then adopts both orphans, then sees the round done
+    assert boards[0].claim() == (chunks[0][0], [[1]]) and boards[0].claim() is None
+    boards[0].chunk_done()
+    adopted = [boards[0].claim_orphan(), boards[0].claim_orphan()]
+    assert [(c.home, c.index, p) for c, p in adopted] == [(1, 1, [[4]]), (1, 2, [[5]])]
+    with pytest.raises(TimeoutError, match="not all done"):  # adopted but not finished yet
+        StoreBoard(store, 0, 0, 2, timeout_s=0.2).claim_orphan()
+    boards[0].chunk_done(), boards[0].chunk_done()
+    assert boards[0].claim_orphan() is None
+    boards[1].wait_for_adopters()  # returns: every chunk is done
+    boards[0].post_results({chunks[0][0]: ["a"], **{c: [f"s{c.index}"] for c, _ in adopted}}, 12)
+    boards[1].post_results({first[0]: ["s0"]}, 4)
+    assert boards[1].collect()[0] == {0: ["s0"], 1: ["s1"], 2: ["s2"]}
+    assert boards[0].collect() == ({0: ["a"]}, {"stolen_groups": 2, "engine_tokens": [12, 4]})
+
+
+def test_when_every_engine_died_nobody_waits_for_adopters():
+    store = HashStore()
+    boards = {e: StoreBoard(store, 0, e, 2, timeout_s=30) for e in (0, 1)}
+    for e in (0, 1):
+        boards[e].publish(split_into_chunks(e, [1], 1, 4, 1), [[e]])
+    for e in (0, 1):
+        boards[e].abandon([])
+    with pytest.raises(RuntimeError, match="every engine of the step died"):
+        boards[0].wait_for_adopters()

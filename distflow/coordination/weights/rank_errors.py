@@ -9,7 +9,19 @@ import torch.distributed as dist
 
 
 class WeightSyncError(RuntimeError):
-    """A weight sync failed; raised on every rank. The engine keeps serving nothing until a sync succeeds."""
+    """A weight sync failed; raised on every rank. The engine keeps serving nothing until a sync succeeds.
+    `failures`: [(rank, "ErrorType: message")], the same on every rank."""
+
+    def __init__(self, text: str, failures: list[tuple[int, str]] = ()):
+        super().__init__(text)
+        self.failures = list(failures)
+
+    @property
+    def engines_died(self) -> bool:
+        """Every failure is an engine death or stall (restartable in place), not a fault of the sync itself."""
+        return bool(self.failures) and all(
+            m.startswith(("EngineDiedError:", "EngineTimeoutError:")) for _, m in self.failures
+        )
 
 
 class RankErrors:
@@ -49,4 +61,4 @@ class RankErrors:
         )
         if self.on_failure is not None:
             self.on_failure(text)
-        raise WeightSyncError(text + "; an engine whose update began is stale until a sync succeeds")
+        raise WeightSyncError(text + "; an engine whose update began is stale until a sync succeeds", failed)

@@ -126,6 +126,13 @@ class WeightResharder:
         self.group_transport = GroupTransport(plan, self.rank, transport, self.staging, verify, timeout_s)
         self._bucket_handles: dict = {}  # (engine, engine rank) -> this bucket's handles from its host
 
+    def replace_engine(self, engine) -> None:
+        """The owner's engine was restarted (RolloutWorker.restart_engine): later loads go to `engine`, whose
+        layout is checked again at its first sync. The staging buffers are the hosts' and stay."""
+        _check_engine_args(engine)
+        self.engine = engine
+        self._engine_checked = False
+
     @property
     def last_engine_reports(self) -> list[dict] | None:
         """Owner with verify: each engine rank's probe report after the last sync (engine_side.probe)."""

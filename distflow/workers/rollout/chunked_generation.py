@@ -9,35 +9,60 @@ one chunk is in flight at a time, so a chunk's samples are the same whichever en
 """
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from distflow.workers.rollout import engine_health, sglang_engine
+from distflow.workers.rollout.engine_health import EngineDiedError
 
 
 @dataclass
 class ChunkRun:
-    generated: dict  # chunk -> its samples, prompt-major, prompt_index counted in the home's partition
-    tokens: int  # response tokens generated here
-    peak_in_flight: int  # most chunks in flight at once
+    generated: dict = field(default_factory=dict)
+    """chunk -> its samples, prompt-major, prompt_index counted in the home's partition"""
+    peak_in_flight: int = 0  # most chunks in flight at once
+    unfinished: list = field(default_factory=list)
+    """(chunk, prompts) claimed here and not finished when the engine died"""
+    died: EngineDiedError | None = None
+    """Set when the engine died mid-run (with adopt_orphans: the caller hands `unfinished` to the others)."""
+
+    @property
+    def tokens(self) -> int:
+        """Response tokens generated here."""
+        return sum(len(s.response_ids) for samples in self.generated.values() for s in samples)
 
 
 def generate_claimed_chunks(
-    engine, board, seed_of_home, budget_tokens: int, on_chunk=None, **sampling
+    engine, board, seed_of_home, budget_tokens: int, on_chunk=None, adopt_orphans: bool = False, **sampling
 ) -> ChunkRun:
     """Runs chunks from `board.claim()` on `engine` until it returns None.
 
     seed_of_home(home engine) -> the call seed of that home's partition (seed_of_home None: unseeded), so a
     sample's seed does not depend on the engine that generates it. on_chunk(chunk, samples): called as each
     chunk finishes, while others still generate (streaming). `sampling`: sglang_engine.generate's n,
-    temperature, top_p, top_k, max_new_tokens, stop_token_ids, stop. Engine death: EngineDiedError.
+    temperature, top_p, top_k, max_new_tokens, stop_token_ids, stop.
+    adopt_orphans (engines may be restarted): every finished chunk is counted on the board, and once nothing
+    is left to claim this engine adopts dead engines' orphans (board.claim_orphan) until the round is done;
+    if this engine dies, the run returns with `died` and `unfinished` set instead of raising. Without it,
+    engine death raises EngineDiedError.
     """
-    peak = 0
     # Unseeded samples do not depend on their batch mates' seeds; seeded ones may (see the module doc).
     one_at_a_time = seed_of_home is not None and sglang_engine.sampling_depends_on_batch(engine)
+    result = ChunkRun()
+    pending: dict = {}  # task -> (chunk, prompts); what is left in it when the engine dies is unfinished
 
-    async def run() -> dict:
-        nonlocal peak
-        generated, pending, outstanding, exhausted = {}, {}, 0, False
+    def start(chunk, prompts) -> int:
+        seed = None if seed_of_home is None else seed_of_home(chunk.home)
+        task = asyncio.ensure_future(
+            sglang_engine.generate_async(
+                engine, prompts, seed=seed, first_prompt_index=chunk.first_prompt, **sampling
+            )
+        )
+        pending[task] = (chunk, prompts)
+        result.peak_in_flight = max(result.peak_in_flight, len(pending))
+        return chunk.est_tokens
+
+    async def run() -> None:
+        outstanding, exhausted = 0, False
         try:
             while True:
                 while not exhausted and (not pending or (not one_at_a_time and outstanding < budget_tokens)):
@@ -45,30 +70,30 @@ def generate_claimed_chunks(
                     if claimed is None:
                         exhausted = True
                         break
-                    chunk, prompts = claimed
-                    seed = None if seed_of_home is None else seed_of_home(chunk.home)
-                    task = asyncio.ensure_future(
-                        sglang_engine.generate_async(
-                            engine, prompts, seed=seed, first_prompt_index=chunk.first_prompt, **sampling
-                        )
-                    )
-                    pending[task] = chunk
-                    outstanding += chunk.est_tokens
-                    peak = max(peak, len(pending))
+                    outstanding += start(*claimed)
                 if not pending:
-                    return generated
+                    # Nothing in flight, so blocking the loop while waiting for an orphan stalls nothing.
+                    orphan = board.claim_orphan() if adopt_orphans else None
+                    if orphan is None:
+                        return
+                    outstanding += start(*orphan)
                 done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    chunk = pending.pop(task)
+                    chunk, _ = pending.pop(task)
                     outstanding -= chunk.est_tokens
-                    generated[chunk] = task.result()
+                    result.generated[chunk] = task.result()
+                    if adopt_orphans:
+                        board.chunk_done()
                     if on_chunk is not None:
-                        on_chunk(chunk, generated[chunk])
+                        on_chunk(chunk, result.generated[chunk])
         finally:
             for task in pending:
                 task.cancel()
 
-    generated = engine_health.call(engine, "generate", engine.loop.run_until_complete, run())
-    return ChunkRun(
-        generated, sum(len(s.response_ids) for samples in generated.values() for s in samples), peak
-    )
+    try:
+        engine_health.call(engine, "generate", engine.loop.run_until_complete, run())
+    except EngineDiedError as exc:
+        if not adopt_orphans:
+            raise
+        result.died, result.unfinished = exc, list(pending.values())
+    return result

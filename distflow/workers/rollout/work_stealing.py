@@ -13,11 +13,19 @@ plans and the per-engine totals (the step's metrics); a single engine uses no bo
 Keys are namespaced per generation round (every owner calls generate the same number of times) and each
 owner deletes its keys two rounds later, when every owner is certainly past that round.
 
+An engine that dies mid-round (its owner rank lives on: rollout.engine_restarts) abandons its claimed but
+unfinished chunks and its unclaimed own ones as orphans: numbered slots in the store that a live engine
+adopts with one atomic counter per slot, and generates with the chunk's home seeds, so the round's samples
+are the ones it would have had. Every finished chunk is counted (`done`); a live engine looks for orphans
+until the round's every chunk is done, so no orphan is left behind by engines that finished first. When
+every engine of the round is dead, nobody can adopt: the dead owners stop the job.
+
 Test/fault hook: DISTFLOW_FAULT_SLOW_CLAIMS="<engine>:<seconds>" makes that engine wait before each of its
 claims, up to <seconds>, returning early once every chunk of the round is claimed (a slow engine whose work
 the others take; the early return keeps tests fast and their outcome independent of machine load).
 """
 
+import contextlib
 import datetime
 import os
 import pickle
@@ -25,6 +33,7 @@ import time
 from dataclasses import dataclass
 
 SLOW_CLAIMS_ENV = "DISTFLOW_FAULT_SLOW_CLAIMS"
+ORPHAN_POLL_S = 0.2  # how often an engine waiting for the round's end looks for new orphans
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,7 @@ class StoreBoard:
         self.plans: dict[int, list[int]] = {}
         self.claimed: dict[int, int] = {}  # last counter values seen (claims only ever grow)
         self.slow_s = slow_claims_of(me)
+        self._orphans_seen = 0  # orphan slots this engine has looked at (they are only ever appended)
         self._delete_round(round_index - 2)
 
     def key(self, *parts, round_index: int | None = None) -> str:
@@ -164,6 +174,78 @@ class StoreBoard:
                 return Chunk(home, index, first, len(prompts), self.plans[home][index]), prompts
         return None
 
+    # ---- a dead engine's chunks ------------------------------------------------------------------------
+
+    def chunk_done(self) -> None:
+        """Counts one finished chunk of the round (any home, any engine); the last one marks the round done."""
+        self._read_plans()
+        if int(self.store.add(self.key("done"), 1)) == self._total_chunks():
+            self.store.set(self.key("settled"), b"1")
+
+    def _total_chunks(self) -> int:
+        return sum(len(plan) for plan in self.plans.values())
+
+    def abandon(self, unfinished: list[tuple[Chunk, list[list[int]]]]) -> int:
+        """My engine died: posts `unfinished` (claimed, not done) and my own unclaimed chunks as orphans, and
+        declares me dead; returns how many chunks it gave away."""
+        self._read_plans()
+        orphans = list(unfinished)
+        while (index := int(self.store.add(self.key("claims", self.me), 1)) - 1) < len(self.plans[self.me]):
+            orphans.append((self._own[index], self._own_prompts[index]))
+        for chunk, prompts in orphans:
+            slot = int(self.store.add(self.key("orphan_count"), 1)) - 1
+            self.store.set(self.key("orphan", slot), pickle.dumps((chunk, prompts)))
+        self.store.add(self.key("dead"), 1)
+        return len(orphans)
+
+    def _settled(self, wait_s: float = 0.0) -> bool:
+        """Whether every chunk of the round is done, waiting up to wait_s for it (in the store: an early
+        answer when the last chunk finishes, while the orphan count is looked at again every wait_s)."""
+        if wait_s > 0:
+            with contextlib.suppress(Exception):  # the store's timeout error: not settled yet
+                self.store.wait([self.key("settled")], datetime.timedelta(seconds=wait_s))
+        return self.store.check([self.key("settled")]) or self._total_chunks() == 0
+
+    def claim_orphan(self) -> tuple[Chunk, list[list[int]]] | None:
+        """A live engine, its own claims exhausted: the next orphan it adopts, waiting (bounded) while chunks
+        are still being generated elsewhere, since an engine may yet die and leave some; None once every chunk
+        of the round is done."""
+        self._read_plans()
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            posted = int(self.store.add(self.key("orphan_count"), 0))
+            while self._orphans_seen < posted:
+                slot = self._orphans_seen
+                self._orphans_seen += 1
+                if int(self.store.add(self.key("orphan_claim", slot), 1)) == 1:  # the first claim wins
+                    key = self.key("orphan", slot)
+                    self._wait([key], f"orphan chunk {slot}")  # numbered before it is written
+                    return pickle.loads(self.store.get(key))
+            if self._settled(ORPHAN_POLL_S):
+                return None
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rollout balance (engine {self.me}, round {self.round}): the round's chunks not all done "
+                    f"within {self.timeout_s:g} s (rollout.balance_timeout_s, default trainer.dist_timeout_s: "
+                    "a frozen engine rank stops the job there)"
+                )
+
+    def wait_for_adopters(self) -> None:
+        """A dead engine, after abandon(): until every chunk of the round is done by the live engines; raises
+        RuntimeError at once if none is left alive to adopt the orphans."""
+        deadline = time.monotonic() + self.timeout_s
+        while not self._settled(ORPHAN_POLL_S):
+            if int(self.store.add(self.key("dead"), 0)) >= self.num_engines:
+                raise RuntimeError(
+                    f"rollout balance (round {self.round}): every engine of the step died; none is left to "
+                    "generate the unfinished chunks"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rollout balance (engine {self.me}, round {self.round}): my orphaned chunks not generated "
+                    f"by another engine within {self.timeout_s:g} s (rollout.balance_timeout_s)"
+                )
+
     def finish(self, generated: dict[Chunk, list], generated_tokens: int) -> tuple[dict[int, list], dict]:
         """post_results, then collect."""
         self.post_results(generated, generated_tokens)
@@ -208,5 +290,10 @@ class StoreBoard:
             if self.store.check([k := self.key("prompts", self.me, i, round_index=round_index)])
         ]
         old += [self.key(kind, self.me, round_index=round_index) for kind in ("claims", "totals", "plan")]
+        if self.me == 0:  # the round's shared keys: engine 0 deletes them
+            orphans = int(self.store.add(self.key("orphan_count", round_index=round_index), 0))
+            old += [self.key("orphan", i, round_index=round_index) for i in range(orphans)]
+            old += [self.key("orphan_claim", i, round_index=round_index) for i in range(orphans)]
+            old += [self.key(k, round_index=round_index) for k in ("orphan_count", "done", "dead", "settled")]
         for k in old:
             self.store.delete_key(k)

@@ -15,6 +15,7 @@ failed start, a death during generation or a sync) end with that log's last line
 """
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,11 +26,13 @@ from distflow.batch import PackedBatch
 from distflow.distributed import resolve_device
 from distflow.workers.rollout import (
     chunked_generation,
+    engine_health,
     multi_node_engine,
     partial_generation,
     sglang_engine,
     work_stealing,
 )
+from distflow.workers.rollout.engine_health import EngineDiedError
 from distflow.workers.rollout.engine_state import state_of
 
 ID_STRIDE = 1_000_000  # sample id = engine * ID_STRIDE + local index: unique over the job without talking
@@ -79,7 +82,10 @@ class RolloutWorker:
         self._balance_round = 0  # balanced generate calls so far: namespaces their store keys
         self.balance_stats: dict | None = None  # the last balanced call's totals (generate(balance=True))
         self.node_engine = None  # a later node's share of a multi-node engine (its SGLang processes only)
+        self.engine_restarts = 0  # this engine's restarts in this attempt (rollout.engine_restarts)
+        self.engine_nnodes = placement.engine_nnodes
         node_rank = placement.engine_node_rank(rank)
+        self._start_engine = None  # starts this rank's engine (processes), the same way every time
         if node_rank is not None:
             args = engine_args(cfg.rollout.sglang, weight_loaders)
             if placement.engine_nnodes > 1:
@@ -88,7 +94,8 @@ class RolloutWorker:
                         placement, self.engine_index, node_rank, timeout_s=cfg.trainer.dist_timeout_s
                     )
                 )
-            engine = sglang_engine.start_engine(
+            self._start_engine = functools.partial(
+                sglang_engine.start_engine,
                 model_path,
                 tp=placement.engine_tp,
                 dtype=cfg.rollout.dtype or cfg.model.dtype,
@@ -98,6 +105,7 @@ class RolloutWorker:
                 log_path=engine_log_path(cfg, self.engine_index, node_rank),
                 call_timeout_s=cfg.rollout.call_timeout_s or cfg.trainer.dist_timeout_s,
             )
+            engine = self._start_engine()
             if self.owner:
                 self.engine = engine
             else:
@@ -242,10 +250,66 @@ class RolloutWorker:
             None if greedy else lambda home: self.sampling_seed(home, step),
             r.balance_outstanding_tokens,
             on_chunk=None if on_group is None else _per_prompt(self.engine_index, sampling["n"], on_group),
+            adopt_orphans=r.engine_restarts > 0,
             **sampling,
         )
+        if run.died is not None:  # the live engines generate what it had left; it restarts meanwhile
+            self._check_restart_budget(run.died)
+            given = board.abandon(run.unfinished)
+            print(
+                f"[rollout] engine {self.engine_index} died in step {step}'s rollout; {given} of its chunks go "
+                f"to the other engines, and it restarts ({self.engine_restarts + 1} of "
+                f"rollout.engine_restarts={r.engine_restarts})",
+                flush=True,
+            )
+            self.restart_engine()
+            board.wait_for_adopters()
         mine, self.balance_stats = board.finish(run.generated, run.tokens)
         return [s for c in chunks for s in mine[c.index]]
+
+    def _check_restart_budget(self, died: Exception) -> None:
+        """Raises `died` once this engine has used its rollout.engine_restarts (the job then stops, and a
+        torchrun restart resumes it from its last checkpoint)."""
+        budget = self.cfg.rollout.engine_restarts
+        if self.engine_nnodes > 1:  # its other nodes' processes belong to other ranks
+            raise EngineDiedError(f"{died}\n(an engine spanning nodes is not restarted in place)") from died
+        if self.engine_restarts >= budget:
+            raise EngineDiedError(
+                f"{died}\n(engine {self.engine_index} has used its {budget} restart(s) in this attempt: "
+                "rollout.engine_restarts)"
+            ) from died
+
+    def restart_engine(self) -> None:
+        """Owner of a dead engine: stops what is left of it and starts it again from model.path, with the
+        version count it had. Its weights are stale (generate refuses them) until the next weight sync loads
+        the actor's current ones through the normal path; the resharder picks the new engine up there."""
+        dead, version = self.engine, state_of(self.engine).version
+        with contextlib.suppress(Exception):  # whatever survived of it (a detokenizer, a frozen scheduler)
+            sglang_engine.shutdown_engine(dead)
+        self.engine = self._start_engine()
+        self.engine_restarts += 1
+        state = state_of(self.engine)
+        state.version = version
+        state.stale_reason = (
+            f"restarted after a death ({self.engine_restarts} restart(s)); it holds model.path's weights "
+            "until the next weight sync"
+        )
+        self.released = set()
+
+    def revive_dead_engine(self) -> bool:
+        """Before a weight sync, on every rank: an owner whose engine died outside a rollout (between steps,
+        or in a failed sync) restarts it, within rollout.engine_restarts. True if it restarted one."""
+        if not self.owner or not engine_health.is_dead(self.engine):
+            return False
+        reason = engine_health.monitor_of(self.engine).dead_reason
+        self._check_restart_budget(EngineDiedError(reason))
+        print(
+            f"[rollout] engine {self.engine_index} is dead ({reason}); it restarts "
+            f"({self.engine_restarts + 1} of rollout.engine_restarts={self.cfg.rollout.engine_restarts})",
+            flush=True,
+        )
+        self.restart_engine()
+        return True
 
     def load_weights(self, named_tensors) -> None:
         """Full HF-named tensors into the engine through SGLang's own loader (the fallback sync path)."""

@@ -3,13 +3,17 @@
 Usage: torchrun --nproc-per-node 2 balanced_rollout_job.py MODEL_DIR OUTPUT_DIR
 Both ranks generate the same step twice through RolloutWorker.generate(balance=True): first with
 rollout.balance=partition, then with balance=steal while engine 1 is slowed by the fault hook
-(DISTFLOW_FAULT_SLOW_CLAIMS), so engine 0 takes engine 1's chunks. Every rank prints
-'BALANCE {json}' with its two batches (ids, groups, tokens, logprobs, infos) and the steal run's stats.
+(DISTFLOW_FAULT_SLOW_CLAIMS), so engine 0 takes engine 1's chunks. Then engine 1 dies: its scheduler is
+SIGKILLed while it generates its first claimed chunk (rollout.engine_restarts=1), engine 0 adopts what it
+left, and engine 1 restarts; after it the same step is generated once more with both engines (the restarted
+one serves model.path's weights, which here are the current ones). Every rank prints 'BALANCE {json}' with
+its batches (ids, groups, tokens, logprobs, infos), the steal run's stats and its engine restarts.
 """
 
 import datetime
 import json
 import os
+import signal
 import sys
 
 import torch.distributed as dist
@@ -18,6 +22,7 @@ from distflow.config import resolve
 from distflow.data.prompts import Prompt
 from distflow.layout.placement import Placement
 from distflow.workers.rollout import work_stealing
+from distflow.workers.rollout.engine_state import state_of
 from distflow.workers.rollout.worker import RolloutWorker
 
 PROMPTS_PER_RANK, N, MAX_NEW_TOKENS = 4, 2, 6
@@ -51,6 +56,7 @@ def main():
             "rollout.temperature=1.0",
             "rollout.balance_chunk_prompts=1",
             "rollout.balance_timeout_s=600",
+            "rollout.engine_restarts=1",
         ],
         check_passthrough=False,
     )
@@ -81,6 +87,25 @@ def main():
     steal_stats = worker.balance_stats
     del os.environ[work_stealing.SLOW_CLAIMS_ENV]
     dist.barrier()
+    claim = work_stealing.StoreBoard.claim
+    if rank == 1:  # engine 1 dies while it generates its first claimed chunk
+
+        def claim_then_die(board):
+            claimed = claim(board)
+            if claimed is not None and worker.engine_restarts == 0 and not hasattr(board, "struck"):
+                board.struck = True
+                for pid in worker.engine.get_all_child_pids():
+                    os.kill(pid, signal.SIGKILL)
+            return claimed
+
+        work_stealing.StoreBoard.claim = claim_then_die
+    died = batch_summary(worker.generate(prompts, eos, step=step, balance=True))
+    work_stealing.StoreBoard.claim = claim
+    dist.barrier()
+    if worker.engine is not None and not state_of(worker.engine).fresh:
+        state_of(worker.engine).complete_update(None)  # model.path's weights are this job's current ones
+    after = batch_summary(worker.generate(prompts, eos, step=step, balance=True))
+    dist.barrier()
     worker.close()
     print(
         "BALANCE "
@@ -91,6 +116,9 @@ def main():
                 "steal": steal,
                 "partition_stats": partition_stats,
                 "steal_stats": steal_stats,
+                "died": died,
+                "after_restart": after,
+                "engine_restarts": worker.engine_restarts,
             }
         ),
         flush=True,
