@@ -51,6 +51,7 @@ def prepare(argv=None) -> RunContext:
     # Imported once the config is valid, so a typo in it is answered in a fraction of a second: these
     # import torch (seconds on a loaded node).
     from distflow import distributed  # noqa: PLC0415
+    from distflow.distributed import process_reaper  # noqa: PLC0415
     from distflow.distributed.library_noise import silence_library_noise  # noqa: PLC0415
     from distflow.preflight import check_model_paths, preflight  # noqa: PLC0415
 
@@ -61,6 +62,14 @@ def prepare(argv=None) -> RunContext:
     report = preflight(cfg, cluster)
     progress(report.describe())
 
+    # Before this attempt starts anything: what a failed one left on this host goes (process_reaper).
+    rank = int(os.environ.get("RANK", 0))
+    killed = process_reaper.start(cfg.trainer.output_dir, distributed.restarts(), rank)
+    if killed:
+        print(
+            f"[distflow] rank {rank}: stopped what a failed attempt left running here: {', '.join(killed)}",
+            flush=True,
+        )
     device = distributed.resolve_device(cfg.trainer.device)
     silence_library_noise(cuda=device != "cpu")  # before Megatron-Core is imported
     env = distributed.init_process_group(device, cfg.trainer.dist_timeout_s)
