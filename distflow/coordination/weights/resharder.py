@@ -285,6 +285,14 @@ class WeightResharder:
             group_bytes=sum(s["group_sent"] for s in statuses),
         )
 
+    def release_staging(self) -> None:
+        """Collective (every rank, between syncs): frees this rank's staging buffers (two of the largest bucket
+        per hosted engine rank) while they are not needed, e.g. while training runs; the next sync allocates
+        them again and exchanges their handles, as the first one does."""
+        self.staging.release()
+        self._bucket_handles = {}
+        self._ready = False
+
     # ---- steps --------------------------------------------------------------------------------------------
 
     @property

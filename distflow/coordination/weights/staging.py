@@ -60,6 +60,16 @@ class StagingBuffers:
                     )
                 self.buffers[(e, r, slot)] = MultiprocessingSerializer.deserialize(handle)
 
+    def release(self) -> None:
+        """Drops every buffer, hosted and opened; allocate() and open() make them again. On GPU the memory of a
+        hosted buffer that another process opened (CUDA IPC) is freed only once that process has dropped it
+        too; ipc_collect frees what is freed by then, and empty_cache returns it to the device (for SGLang's
+        KV cache, or training)."""
+        self.buffers = {}
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()
+            torch.cuda.empty_cache()
+
     def target_view(self, b: int, e: int, r: int, offset: int, target) -> torch.Tensor:
         """Bucket b's tensor `target` (at `offset` in the bucket) in engine rank (e, r)'s buffer, in its shape."""
         return self.buffers[(e, r, b % 2)][offset : offset + target.numel].view(target.shape)
