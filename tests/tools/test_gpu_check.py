@@ -70,8 +70,11 @@ def test_cpu_smoke(tmp_path):
     assert staging["buckets"] > 1
     for name in STAGING_FIGURES:
         assert math.isfinite(staging[name]) and staging[name] > 0, (name, staging[name])
-    for reading in staging["staging_memory"].values():
-        assert reading == {"skipped": "needs CUDA"}
+    # CPU staging buffers are torch shared-memory files: gone once released (a handle made for no reader
+    # would keep them), back once the next sync allocates them.
+    shared = {point: reading["shared_memory_mib"] for point, reading in staging["staging_memory"].items()}
+    assert shared["staged"] > shared["before"] and shared["restored"] > shared["before"], shared
+    assert shared["released"] == shared["before"], shared
 
     memory = result["memory"]
     assert "needs CUDA" in memory["ref_offload"]

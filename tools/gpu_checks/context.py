@@ -1,5 +1,7 @@
 """What every check of the GPU check reads: the device, the world of one rank, the sizes, the time left."""
 
+import glob
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,9 +68,11 @@ def timed(fn, repeats: int, device: torch.device) -> tuple[float, object]:
 
 
 def memory_reading(device: torch.device) -> dict:
-    """This process's allocated and reserved CUDA memory and the device's used memory (all processes), GiB."""
+    """This process's allocated and reserved CUDA memory and the device's used memory (all processes), GiB. On
+    CPU: the torch shared-memory files this process created (the CPU staging buffers live there), MiB."""
     if device.type != "cuda":
-        return {"skipped": "needs CUDA"}
+        files = glob.glob(f"/dev/shm/torch_{os.getpid()}_*")  # torch's file_system sharing names them so
+        return {"cuda": "skipped: needs CUDA", "shared_memory_mib": sum(_size(f) for f in files) / 2**20}
     torch.cuda.synchronize(device)
     free, total = torch.cuda.mem_get_info(device)
     return {
@@ -76,3 +80,10 @@ def memory_reading(device: torch.device) -> dict:
         "reserved_gib": torch.cuda.memory_reserved(device) / GIB,
         "device_used_gib": (total - free) / GIB,
     }
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # unlinked since the listing
+        return 0

@@ -81,9 +81,13 @@ def serve(conn, param_shapes: dict, dtype_name: str, device_name: str) -> None:
             if message[0] == "stop":
                 return
             answer = {} if message[0] == "ready" else load(model, *message[1:], device=device)
-            conn.send((True, answer))
+            reply = (True, answer)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
-            conn.send((False, f"{type(exc).__name__}: {exc}"))
+            reply = (False, f"{type(exc).__name__}: {exc}")
+        # Drops the request's tensors (the probe's) before answering, as SGLang's scheduler does after a load:
+        # shared memory lives while any process holds it, and the parent reads its memory after the answer.
+        del message
+        conn.send(reply)
 
 
 def engine_module(param_shapes: dict, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:

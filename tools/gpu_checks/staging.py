@@ -69,7 +69,7 @@ def check_staging(ctx) -> dict:
         )
         fast.sync()  # warm: buffers allocated and opened
         engine.load_stats.clear()
-        seconds, stats = timed(fast.sync, ctx.repeats, device)
+        seconds, _ = timed(fast.sync, ctx.repeats, device)
         out["sync_s"] = seconds
         out["sync_gbps"] = plan.total_bytes / seconds / 1e9
         loads = engine.load_stats[-len(plan.buckets) :]  # the last sync's loads

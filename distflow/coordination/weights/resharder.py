@@ -21,6 +21,7 @@ Megatron's weights are only read. What the engine loaded is checked by verificat
 
 import contextlib
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -231,8 +232,10 @@ class WeightResharder:
         )
         with file_system_sharing():
             if not self._ready:  # first sync (or after a failed one): staging buffers and their handles
-                hosted = errors.run(self.staging.allocate, default=(None, None))
-                errors.run(self._open, errors.exchange(hosted))
+                hostnames = errors.exchange(socket.gethostname())
+                errors.run(self.group_transport.set_hostnames, hostnames)
+                hosted = errors.run(lambda: self.staging.allocate(self._readers()))
+                errors.run(self.staging.open, errors.exchange(hosted), hostnames)
             for b in range(len(self.plan.buckets)):
                 shares, n = errors.run(self._write_bucket, b, default=(None, 0))
                 sent += n
@@ -303,18 +306,21 @@ class WeightResharder:
         """The transport that carries this rank's pieces for engine ranks staged on `host`."""
         return self.group_transport if self.group_transport.via_group(self.rank, host) else self.shared_memory
 
-    def _open(self, gathered: list) -> None:
-        """Opens the other hosts' staging buffers this rank writes into (owners load through handles their
-        hosts make: StagingBuffers.hosted_handles). gathered: every rank's (host name, buffer handles)."""
-        self.group_transport.set_hostnames([host for host, _ in gathered])
-        needed = {
-            (e, r)
-            for items in self._writes.values()
-            for e, r, *_ in items
-            if not self.group_transport.via_group(self.rank, self.plan.engines[e][r].host)
-        }
-        needed |= {(e, r) for items in self._zero_fills.values() for e, r, *_ in items}
-        self.staging.open(gathered, needed)
+    def _readers(self) -> dict:
+        """(engine, engine rank) -> the ranks other than its host that write into its staging buffers through
+        shared memory, and so open them (the same on every rank once the host names are known). Owners load
+        through handles their hosts make per bucket (StagingBuffers.hosted_handles)."""
+        readers: dict = {}
+        for b in range(len(self.plan.buckets)):
+            for e, ranks in enumerate(self.plan.engines):
+                for rp in ranks:
+                    for target in self.plan.bucket_targets(b, e, rp.rank):
+                        for piece in target.pieces:
+                            if piece.src_rank != rp.host and not self.group_transport.via_group(
+                                piece.src_rank, rp.host
+                            ):
+                                readers.setdefault((e, rp.rank), set()).add(piece.src_rank)
+        return readers
 
     def _begin(self, version: int):
         # First: SGLang holds every call that touches the weights (the probes too) until no request is in flight.

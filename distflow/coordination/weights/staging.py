@@ -8,7 +8,6 @@ the two buffers (slot b % 2), so ranks fill bucket b+1 while the owner loads buc
 """
 
 import contextlib
-import socket
 
 import torch
 import torch.multiprocessing as mp
@@ -23,12 +22,16 @@ class StagingBuffers:
         self.plan, self.rank, self.dtype, self.device = plan, rank, dtype, device
         self.buffers: dict = {}
 
-    def allocate(self) -> tuple[str, dict]:
-        """Allocates the two buffers of each engine rank this rank hosts (dropping any it held); returns this
-        host's name and their handles, for the other ranks' open()."""
+    def allocate(self, readers: dict) -> dict:
+        """Allocates the two buffers of each engine rank this rank hosts (dropping any it held); returns
+        {(engine, engine rank, slot): {reader rank: handle}} for the other ranks' open(). readers: (engine,
+        engine rank) -> the ranks that will open its buffers. One handle per reader: each serialization holds
+        one reference that exactly one opening gives back (torch's file_system sharing on CPU, its CUDA-IPC
+        reference counter on GPU), so a handle nobody opens would keep the buffer's memory after release(), and
+        one opened twice would free it under its second reader."""
         from sglang.srt.utils import MultiprocessingSerializer
 
-        self.buffers = {}
+        self.buffers, handles = {}, {}
         for e, ranks in enumerate(self.plan.engines):
             for rp in ranks:
                 if rp.host == self.rank:
@@ -37,34 +40,38 @@ class StagingBuffers:
                         for b in range(len(self.plan.buckets))
                     )
                     for slot in (0, 1):
-                        self.buffers[(e, rp.rank, slot)] = shared_empty(numel, self.dtype, self.device)
-        return socket.gethostname(), {
-            k: MultiprocessingSerializer.serialize(v) for k, v in self.buffers.items()
-        }
+                        buffer = self.buffers[(e, rp.rank, slot)] = shared_empty(
+                            numel, self.dtype, self.device
+                        )
+                        handles[(e, rp.rank, slot)] = {
+                            reader: MultiprocessingSerializer.serialize(buffer)
+                            for reader in sorted(readers.get((e, rp.rank), ()))
+                        }
+        return handles
 
-    def open(self, gathered: list, needed: set) -> None:
-        """Opens the other hosts' buffers of the engine ranks in `needed` ({(engine, engine rank)}).
-        gathered: every rank's allocate() answer, by rank. A buffer on another node is an error: shared memory
-        cannot reach it."""
+    def open(self, gathered: list, hostnames: list[str]) -> None:
+        """Opens the buffers other hosts made handles for this rank. gathered: every rank's allocate() answer,
+        by rank; hostnames: every rank's host name. A buffer on another node is an error: shared memory cannot
+        reach it."""
         from sglang.srt.utils import MultiprocessingSerializer
 
-        here = socket.gethostname()
-        for rank, (host, handles) in enumerate(gathered):
-            for (e, r, slot), handle in handles.items():
-                if (e, r) not in needed or (e, r, slot) in self.buffers:
+        for rank, handles in enumerate(gathered):
+            for (e, r, slot), by_reader in handles.items():
+                if self.rank not in by_reader:
                     continue
-                if host != here:
+                if hostnames[rank] != hostnames[self.rank]:
                     raise ValueError(
-                        f"engine {e} rank {r} is staged on rank {rank} ({host}), another node than rank {self.rank} "
-                        f"({here}): shared memory cannot reach it; use sync.transport=auto or process_group"
+                        f"engine {e} rank {r} is staged on rank {rank} ({hostnames[rank]}), another node than "
+                        f"rank {self.rank} ({hostnames[self.rank]}): shared memory cannot reach it; use "
+                        "sync.transport=auto or process_group"
                     )
-                self.buffers[(e, r, slot)] = MultiprocessingSerializer.deserialize(handle)
+                self.buffers[(e, r, slot)] = MultiprocessingSerializer.deserialize(by_reader[self.rank])
 
     def release(self) -> None:
-        """Drops every buffer, hosted and opened; allocate() and open() make them again. On GPU the memory of a
-        hosted buffer that another process opened (CUDA IPC) is freed only once that process has dropped it
-        too; ipc_collect frees what is freed by then, and empty_cache returns it to the device (for SGLang's
-        KV cache, or training)."""
+        """Drops every buffer, hosted and opened; allocate() and open() make them again. Collective in effect:
+        a hosted buffer's memory is freed once every process that opened it has dropped it too (its readers
+        here, the engine's schedulers after each load); on GPU ipc_collect frees the blocks torch kept for them
+        by then, and empty_cache returns the memory to the device (for SGLang's KV cache, or training)."""
         self.buffers = {}
         if self.device.type == "cuda":
             torch.cuda.ipc_collect()
