@@ -50,12 +50,12 @@ class WeightSync:
         An engine found dead is restarted first; one that dies during the sync is restarted and the sync runs
         again (every rank hears of the death in the same exchange, so all retry), within
         rollout.engine_restarts."""
-        while True:
-            self.rollout.revive_dead_engine()
+        for attempt in range(self.cfg.rollout.engine_restarts + 1):
+            self.rollout.revive_dead_engine()  # raises once this engine's restarts are spent
             try:
                 return self._sync()
             except WeightSyncError as exc:
-                if not (exc.engines_died and self.cfg.rollout.engine_restarts > 0):
+                if not (exc.engines_died and attempt < self.cfg.rollout.engine_restarts):
                     raise
                 if self.rank == 0:
                     print(
