@@ -8,7 +8,7 @@ setup(
     description="Fully distributed multi-controller RL post-training for LLMs (Megatron-Core + SGLang)",
     python_requires=">=3.11",
     packages=find_packages(include=["distflow", "distflow.*", "megatron_patches", "megatron_patches.*"]),
-    package_data={"distflow": ["_cpu_env/**/*", "configs/*.yaml"]},
+    package_data={"distflow": ["_cpu_env/**/*", "configs/*.yaml", "plan/hardware/*.json"]},
     include_package_data=True,
     install_requires=[
         "torch>=2.6",
