@@ -1,0 +1,132 @@
+"""Generation time of one engine and of the slowest engine: prefill, then decode iterations under
+continuous batching, with the straggler tail of long responses.
+
+An engine holds `slots` sequences at once (the KV pool over the mean sequence length, capped by
+max_running_requests); a finished sequence's slot takes the next waiting sample (SGLang's FCFS). A decode
+iteration reads the engine GPU's weights once and every active sequence's KV cache once, or is bound by
+its FLOPs, whichever is slower (a roofline), plus a fixed per-iteration cost and, with engine TP > 1, two
+TP all-reduces per layer. So the last long responses cost whole iterations for a handful of sequences:
+the tail. The step waits for the slowest engine, each engine drawing its own lengths.
+"""
+
+import heapq
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EngineCost:
+    """What one decode iteration and the prefill cost on one engine (per engine GPU, seconds)."""
+
+    weights_read_s: float
+    """Reading the engine GPU's weights once."""
+    kv_read_s_per_token: float
+    """Reading one cached token's K and V on one engine GPU."""
+    flops_s_per_seq: float
+    """One sequence's decode FLOPs on one engine GPU."""
+    iteration_overhead_s: float
+    """Fixed per iteration: scheduling, sampling, TP all-reduces."""
+    prefill_s_per_token: float
+    request_overhead_s: float = 0.0
+    """Per sample, outside the iterations (tokenizing, the request round trip); measured on CPU."""
+
+    def iteration_s(self, active: int, mean_context: float) -> float:
+        memory = self.weights_read_s + active * mean_context * self.kv_read_s_per_token
+        return max(memory, active * self.flops_s_per_seq) + self.iteration_overhead_s
+
+
+def response_lengths(rng, count: int, max_new_tokens: int, fraction: float, sigma: float) -> np.ndarray:
+    """Log-normal lengths with median fraction x max_new_tokens, clipped to [1, max_new_tokens]."""
+    median = max(1.0, fraction * max_new_tokens)
+    return np.clip(rng.lognormal(math.log(median), sigma, count), 1, max_new_tokens).astype(np.int64)
+
+
+def quantile_lengths(count: int, max_new_tokens: int, fraction: float, sigma: float) -> np.ndarray:
+    """The same distribution without sampling noise: its quantiles at (i + 0.5) / count, longest last.
+    For the step's totals (tokens, data), so that they do not jitter between GPU counts."""
+    median = max(1.0, fraction * max_new_tokens)
+    q = (np.arange(count) + 0.5) / count
+    normal = np.array([NormalDist().inv_cdf(x) for x in q])
+    return np.clip(median * np.exp(sigma * normal), 1, max_new_tokens).astype(np.int64)
+
+
+def continuous_batching(lengths: np.ndarray, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """FCFS over `slots`: start and end iteration of each sample."""
+    starts, ends = np.zeros(len(lengths), np.int64), np.zeros(len(lengths), np.int64)
+    free = [0] * min(slots, len(lengths))
+    heapq.heapify(free)
+    for i, length in enumerate(lengths):
+        t = heapq.heappop(free)
+        starts[i], ends[i] = t, t + int(length)
+        heapq.heappush(free, t + int(length))
+    return starts, ends
+
+
+def decode_seconds(lengths: np.ndarray, slots: int, prompt_len: float, cost: EngineCost) -> tuple[float, int]:
+    """Seconds of the decode iterations and their number (the longest slot's tokens)."""
+    if not len(lengths):
+        return 0.0, 0
+    starts, ends = continuous_batching(lengths, slots)
+    times = np.concatenate([starts, ends])
+    delta = np.concatenate([np.ones(len(starts), np.int64), -np.ones(len(ends), np.int64)])
+    order = np.lexsort((delta, times))
+    times, active = times[order], np.cumsum(delta[order])
+    total = 0.0
+    mean_context = prompt_len + float(lengths.mean()) / 2
+    for t0, t1, a in zip(times[:-1], times[1:], active[:-1]):
+        if t1 > t0 and a > 0:
+            total += (t1 - t0) * cost.iteration_s(int(a), mean_context)
+    return total, int(ends.max())
+
+
+@dataclass(frozen=True)
+class GenerationTime:
+    prefill_s: float
+    decode_s: float
+    request_s: float
+    iterations: int
+    """Decode iterations of the slowest engine."""
+    mean_iterations: float
+    """Over engines: (slowest - mean) / slowest is the straggler share."""
+    response_tokens: int
+    """Generated tokens of every engine together."""
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_s + self.decode_s + self.request_s
+
+
+def generation_time(
+    engines: int,
+    samples_per_engine: int,
+    slots: int,
+    prompt_len: float,
+    max_new_tokens: int,
+    cost: EngineCost,
+    fraction: float,
+    sigma: float,
+    seed: int = 0,
+) -> GenerationTime:
+    """The slowest of `engines` engines, each generating samples_per_engine responses."""
+    rng = np.random.default_rng(seed)
+    worst, iters, tokens = (0.0, 0.0, 0), [], 0
+    # Engines are statistically alike: beyond a few hundred, more draws only sharpen the maximum.
+    for _ in range(engines):
+        lengths = response_lengths(rng, samples_per_engine, max_new_tokens, fraction, sigma)
+        decode, n_iter = decode_seconds(lengths, slots, prompt_len, cost)
+        iters.append(n_iter)
+        tokens += int(lengths.sum())
+        if decode >= worst[0]:
+            worst = (decode, n_iter, int(lengths.sum()))
+    prefill = samples_per_engine * prompt_len * cost.prefill_s_per_token
+    return GenerationTime(
+        prefill_s=prefill,
+        decode_s=worst[0],
+        request_s=samples_per_engine * cost.request_overhead_s,
+        iterations=worst[1],
+        mean_iterations=float(np.mean(iters)) if iters else 0.0,
+        response_tokens=tokens,
+    )
