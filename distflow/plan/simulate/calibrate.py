@@ -1,0 +1,295 @@
+"""Measures this machine's profile (`python -m distflow.plan [CONFIG] --calibrate OUT.json`): memory copy,
+serialization per MB and per object, gloo point-to-point bandwidth (one way and both ways at once) and
+latency, all-gather latency, matmul FLOP/s, a scorer's cost per sample, and, given a model directory,
+an SGLang engine's decode iteration, per-request and weight-update cost and a PyTorch forward of the
+model. Each entry's source names the measurement. Takes about half a minute (a minute with an engine).
+
+On a CPU machine the "device" is a core: flops is one thread's fp32 matmul rate, hbm_bandwidth the memory
+copy rate. Intra-node links are gloo over loopback (both ways at once, as the data plane's peers send);
+there is no inter-node link, so it repeats the intra-node one. The driver's NIC is gloo one way into one
+process (as a single controller's gathers arrive).
+"""
+
+import json
+import os
+import pickle
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from distflow.models.conversion import HFCheckpoint
+from distflow.plan.simulate import megatron_probe
+from distflow.plan.simulate.hardware_profile import Knobs
+from distflow.rewards.registry import load_scorer, scorer_path
+from distflow.testing.launch import torchrun
+from distflow.workers.rollout import shutdown_engine, start_engine, update_weights_from_tensors
+from distflow.workers.rollout.sglang_engine import generate, release_memory, resume_memory
+
+MiB = 2**20
+P2P_BYTES = 32 * MiB
+
+
+def best_seconds(fn, repeats: int = 5) -> float:
+    """The fastest of `repeats` runs after one warm-up (the machine is shared: the minimum is the cost)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def measure_memcpy(nbytes: int = 64 * MiB) -> float:
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    return nbytes / best_seconds(lambda: dst.copy_(src))
+
+
+def measure_serialization(nbytes: int = 32 * MiB, objects: int = 20000) -> tuple[float, float]:
+    """(bytes/s of pickling and unpickling a tensor payload, seconds per small per-sample record)."""
+    payload = {"input_ids": torch.ones(nbytes // 8, dtype=torch.int64)}
+    per_mb = best_seconds(lambda: pickle.loads(pickle.dumps(payload)))
+    records = [{"id": i, "group": i // 8, "length": 100 + i % 50, "score": 0.5} for i in range(objects)]
+    per_object = best_seconds(lambda: pickle.loads(pickle.dumps(records)), repeats=3) / objects
+    return nbytes / per_mb, per_object
+
+
+def measure_matmul_flops(n: int = 512) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / best_seconds(lambda: a @ b)
+
+
+def measure_scorer(cfg, samples: int = 2000) -> tuple[float, str]:
+    """Seconds per sample of the config's scorer (reward.name; auto: the MATH scorer) on synthetic answers."""
+    name = cfg.reward.name if cfg is not None else "math"
+    source = "DigitalLearningGmbH/MATH-lighteval" if name == "auto" else ""
+    scorer = load_scorer(
+        scorer_path(name if name != "auto" else "auto", cfg.reward.custom if cfg else None, source)
+    )
+    answers = [f"so the answer is \\boxed{{{i % 97}}}" for i in range(samples)]
+    start = time.perf_counter()
+    for i, a in enumerate(answers):
+        scorer(a, str(i % 89), data_source=source)
+    return (time.perf_counter() - start) / samples, scorer.path
+
+
+def _gloo_worker(rank: int, init_file: str, out):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    peer = 1 - rank
+    small = torch.zeros(1)
+    big_out, big_in = torch.ones(P2P_BYTES // 4), torch.empty(P2P_BYTES // 4)
+
+    def round_trip() -> float:
+        start = time.perf_counter()
+        if rank == 0:
+            dist.send(small, peer)
+            dist.recv(small, peer)
+        else:
+            dist.recv(small, peer)
+            dist.send(small, peer)
+        return time.perf_counter() - start
+
+    def one_way():
+        (dist.send if rank == 0 else dist.recv)(big_out if rank == 0 else big_in, peer)
+        dist.barrier()
+
+    def both_ways():
+        ops = [dist.P2POp(dist.isend, big_out, peer), dist.P2POp(dist.irecv, big_in, peer)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+
+    parts = [torch.zeros(16) for _ in range(2)]
+
+    def allgather():
+        for _ in range(100):
+            dist.all_gather(parts, small.expand(16).contiguous())
+
+    barrier_s = best_seconds(lambda: dist.barrier())
+    results = {
+        # The median of single round trips: a shared machine's preemptions land in the tail, not the median.
+        "latency": statistics.median(round_trip() for _ in range(300)) / 2,
+        "one_way": P2P_BYTES / (best_seconds(one_way) - barrier_s),
+        "both_ways": P2P_BYTES / best_seconds(both_ways),
+        "allgather_latency": best_seconds(allgather) / 100,
+    }
+    if rank == 0:
+        out.put(results)
+    dist.destroy_process_group()
+
+
+def measure_gloo() -> dict:
+    """Point-to-point and all-gather costs between two processes of this machine over gloo."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=_gloo_worker, args=(r, os.path.join(tmp, "init"), out)) for r in range(2)]
+        for p in procs:
+            p.start()
+        results = out.get(timeout=300)
+        for p in procs:
+            p.join(60)
+    return results
+
+
+def measure_engine(model_dir: str, batch: int = 64) -> dict:
+    """One SGLang engine (TP 1) on the model: a decode iteration's cost at batch 1 and `batch` (from
+    max_new_tokens 9 vs 1, EOS ignored), each request's own cost, a weight update of all and of half the
+    tensors (a fixed cost and one per tensor), and a release +
+    resume of the engine's memory (what a colocated engine does every step with
+    rollout.release_memory_in_training)."""
+    engine = start_engine(model_dir, tp=1)
+    try:
+        prompt = [[1, 2, 3, 4, 5, 6, 7, 8]]
+
+        def run(b, tokens):
+            return best_seconds(
+                lambda: generate(
+                    engine, prompt * b, max_new_tokens=tokens, stop_token_ids=[], temperature=1.0
+                ),
+                repeats=3,
+            )
+
+        t = {(b, k): run(b, k) for b in (1, batch) for k in (1, 9)}
+        per_iter = {b: (t[(b, 9)] - t[(b, 1)]) / 8 for b in (1, batch)}
+        per_seq = max(0.0, (per_iter[batch] - per_iter[1]) / (batch - 1))
+        request = max(0.0, (t[(batch, 1)] - t[(1, 1)]) / (batch - 1))
+        checkpoint = HFCheckpoint(model_dir)
+        tensors = [(name, checkpoint.get(name)) for name in checkpoint.names()]
+        update = best_seconds(lambda: update_weights_from_tensors(engine, tensors), repeats=3)
+        half = tensors[: len(tensors) // 2]
+        update_half = best_seconds(lambda: update_weights_from_tensors(engine, half), repeats=3)
+        per_tensor = max(0.0, (update - update_half) / (len(tensors) - len(half)))
+
+        def release_resume():
+            release_memory(engine)
+            resume_memory(engine)
+            update_weights_from_tensors(engine, tensors)  # released weights come back empty
+
+        cycle = best_seconds(release_resume, repeats=3) - update
+    finally:
+        shutdown_engine(engine)
+    return {
+        "decode_iteration_s_base": per_iter[1] - per_seq,
+        "decode_iteration_s_per_seq": per_seq,
+        "request_s": request,
+        "engine_update_s": update,
+        "engine_update_s_per_tensor": per_tensor,
+        "engine_update_fixed_s": max(0.0, update - per_tensor * len(tensors)),
+        "engine_update_tensors": len(tensors),
+        "release_resume_s": max(0.0, cycle),
+        "engine_update_bytes": sum(v.numel() * v.element_size() for _, v in tensors),
+    }
+
+
+def measure_megatron(config_args: list[str], cfg, knobs: Knobs = Knobs()) -> dict:
+    """Megatron's forward and train step for the config's actor in its TP x PP layout (megatron_probe.py):
+    a fixed cost per pass and a cost per token, from the batch of one step's rows at DP 1 and half of it."""
+    rows = cfg.data.train_batch_size * cfg.rollout.n
+    seq = max(
+        2,
+        round(
+            knobs.prompt_length_fraction * cfg.data.max_prompt_length
+            + knobs.response_length_fraction * cfg.rollout.max_new_tokens
+        ),
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "megatron.json"
+        torchrun(
+            megatron_probe.__name__,
+            module=True,
+            nproc=cfg.actor.tp * cfg.actor.pp,
+            args=[*config_args, "--rows", str(rows), "--seq", str(seq), "--out", str(out)],
+            timeout_s=900,
+            env={"PYTHONPATH": str(Path(megatron_probe.__file__).resolve().parents[3])},
+        )
+        runs = sorted(json.loads(out.read_text()).values(), key=lambda r: r["tokens"])
+    small, large = runs
+    fit = {}
+    for kind in ("forward", "train"):
+        per_token = max(0.0, (large[f"{kind}_s"] - small[f"{kind}_s"]) / (large["tokens"] - small["tokens"]))
+        fit[f"{kind}_s_per_token"] = per_token
+        fit[f"{kind}_fixed_s"] = max(0.0, large[f"{kind}_s"] - per_token * large["tokens"])
+    return {**fit, "tp": cfg.actor.tp, "pp": cfg.actor.pp, "runs": runs}
+
+
+def _entry(value: float, unit: str, source: str) -> dict:
+    return {"value": float(value), "unit": unit, "source": source}
+
+
+def calibrate(
+    out: Path,
+    model_dir: Optional[str] = None,
+    cfg=None,
+    config_args: Optional[list[str]] = None,
+    knobs: Knobs = Knobs(),
+) -> Path:
+    """Measures and writes the profile JSON; returns its path. config_args (CONFIG.yaml key=value ...)
+    with cfg: also time Megatron's passes for the config's actor."""
+    cores = len(os.sched_getaffinity(0))
+    memcpy = measure_memcpy()
+    serialize_bw, per_object = measure_serialization()
+    flops = measure_matmul_flops()
+    gloo = measure_gloo()
+    reward_s, scorer = measure_scorer(cfg)
+    here = f"measured by --calibrate on {os.uname().nodename} ({cores} cores)"
+    profile = {
+        "name": f"this machine: {os.uname().nodename}, {cores} CPU cores, gloo over loopback",
+        "device": {
+            "flops": _entry(flops, "FLOP/s", f"{here}: fp32 512x512 matmul, one thread"),
+            "hbm_bandwidth": _entry(memcpy, "B/s", f"{here}: 64 MiB torch copy"),
+            "memory": _entry(
+                os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / cores, "B", f"{here}: RAM / cores"
+            ),
+        },
+        "intra_node": {
+            "bandwidth": _entry(
+                gloo["both_ways"], "B/s", f"{here}: gloo, 2 processes sending 32 MiB to each other at once"
+            ),
+            "latency": _entry(gloo["latency"], "s", f"{here}: gloo ping-pong of 4 bytes, half a round trip"),
+        },
+        "inter_node": {
+            "bandwidth": _entry(gloo["both_ways"], "B/s", f"{here}: one machine, no network: as intra_node"),
+            "latency": _entry(gloo["latency"], "s", f"{here}: one machine, no network: as intra_node"),
+        },
+        "gpus_per_node": _entry(cores * 64, "", f"{here}: one host; ranks per node are as many as launched"),
+        "host": {
+            "memcpy_bandwidth": _entry(memcpy, "B/s", f"{here}: 64 MiB torch copy"),
+            "serialize_bandwidth": _entry(
+                serialize_bw, "B/s", f"{here}: pickle.dumps + loads of a 32 MiB tensor"
+            ),
+            "serialize_per_object": _entry(
+                per_object, "s", f"{here}: pickle.dumps + loads of 20000 small dicts"
+            ),
+            "rpc_latency": _entry(
+                2 * gloo["latency"], "s", f"{here}: a gloo round trip (a call and its reply)"
+            ),
+            "driver_nic_bandwidth": _entry(
+                gloo["one_way"], "B/s", f"{here}: gloo, 32 MiB one way into one process"
+            ),
+            "reward_seconds_per_sample": _entry(reward_s, "s", f"{here}: {scorer} on 2000 synthetic answers"),
+            "cores": _entry(cores, "", f"{here}: os.sched_getaffinity"),
+        },
+        "knobs": {
+            "train_mfu": 1.0,
+            "forward_mfu": 1.0,
+            "prefill_mfu": 1.0,
+            "decode_bandwidth_efficiency": 1.0,
+        },
+        "measured": {"allgather_latency_2_ranks": gloo["allgather_latency"]},
+    }
+    if model_dir:
+        profile["measured"]["engine"] = measure_engine(model_dir)
+        if config_args and cfg is not None:
+            profile["measured"]["megatron"] = measure_megatron(config_args, cfg, knobs)
+        profile["measured"]["model_dir"] = str(model_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile, indent=2))
+    return out
