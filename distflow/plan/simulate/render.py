@@ -2,6 +2,7 @@
 profile's sources and knobs) and as a PNG (throughput and step breakdown against GPUs)."""
 
 from dataclasses import fields
+from pathlib import Path
 
 from distflow.plan.simulate.hardware_profile import Profile
 from distflow.plan.simulate.step import PHASES
@@ -80,5 +81,6 @@ def plot(rows: list[Row], path: str, title: str = "") -> None:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,180 @@
+"""The step simulator (distflow/plan/simulate): its pieces against hand calculations, its monotonicity, the
+shipped profiles' sources, and the CLI. No processes, no GPU."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from distflow.config import resolve
+from distflow.plan.__main__ import main
+from distflow.plan.model_size import ModelArch
+from distflow.plan.simulate.compute import forward_flops_per_token, pass_time, pipeline_bubble
+from distflow.plan.simulate.data_movement import Driver, Link
+from distflow.plan.simulate.generation import (
+    EngineCost,
+    continuous_batching,
+    decode_seconds,
+    quantile_lengths,
+)
+from distflow.plan.simulate.hardware_profile import HARDWARE_DIR, Knobs, load_profile, parse_knobs
+from distflow.plan.simulate.step import simulate_step
+
+REPO = Path(__file__).resolve().parents[2]
+SEVEN_B = str(REPO / "examples/model_configs/qwen2.5-7b.json")
+OVERRIDES = (
+    "model.path=x actor.tp=2 rollout.engine_tp=2 rollout.n=8 rollout.max_new_tokens=2048 "
+    "data.max_prompt_length=512 actor.max_tokens_per_micro_batch=16384 dag.pipeline=grpo "
+    "actor.recompute_granularity=full actor.recompute_method=uniform actor.recompute_num_layers=1 "
+    "algorithm.kl_coef=0.001"
+).split()
+
+
+def seven_b(gpus: int):
+    return resolve(
+        str(REPO / "examples/configs/gpu_base.yaml"),
+        OVERRIDES + [f"data.train_batch_size={16 * gpus}", f"actor.mini_batch_size={8 * gpus}"],
+    )
+
+
+# --- pieces against hand calculations --------------------------------------------------------------------
+
+
+def test_a_transfer_is_bytes_over_bandwidth_plus_a_latency_per_message():
+    assert Link(bandwidth=1e9, latency=1e-5).seconds(2e9, messages=10) == pytest.approx(2.0 + 1e-4)
+    assert Link(bandwidth=1e9, latency=1e-5).seconds(0, messages=0) == 0.0
+    driver = Driver(serialize_bandwidth=1e9, nic_bandwidth=4e9, per_object_s=1e-6, rpc_s=1e-3)
+    # 1 GB serialized (1 s) and through the NIC (0.25 s), 1000 objects, 8 calls
+    assert driver.move_seconds(1e9, 1000, 8) == pytest.approx(1.0 + 0.25 + 1e-3 + 8e-3)
+
+
+def test_a_training_pass_is_its_flops_over_the_achieved_rate():
+    arch = ModelArch.from_json(SEVEN_B)
+    per_token = 2 * arch.active_params + 2 * 2 * arch.num_layers * arch.num_heads * arch.head_dim * 1000 / 2
+    assert forward_flops_per_token(arch, 1000) == pytest.approx(per_token)
+    # forward + backward = 3 forwards; recompute adds a fourth; 4 GPUs at 40% of 1 PFLOP/s
+    t = pass_time(arch, 1e6, 1000, 4, 1e15, 0.4, backward=True, recompute=True)
+    assert t.compute_s == pytest.approx(1e6 * 4 * per_token / (4 * 1e15 * 0.4))
+    assert t.bubble_s == t.tp_comm_s == t.dp_comm_s == 0.0
+    # 1F1B bubble: (pp - 1) / (vpp * micro-batches) of the compute
+    assert pipeline_bubble(4, 1, 8) == pytest.approx(3 / 8)
+    assert pipeline_bubble(4, 2, 8) == pytest.approx(3 / 16)
+    t = pass_time(arch, 1e6, 1000, 4, 1e15, 0.4, backward=False, recompute=False, pp=4, micro_batches=8)
+    assert t.bubble_s == pytest.approx(t.compute_s * 3 / 8)
+
+
+def test_a_decode_is_iterations_times_the_roofline():
+    cost = EngineCost(
+        weights_read_s=0.01,
+        kv_read_s_per_token=0.0,
+        flops_s_per_seq=0.0,
+        iteration_overhead_s=0.0,
+        prefill_s_per_token=0.0,
+    )
+    lengths = np.array([10, 10])
+    # two slots: both run together, 10 iterations; one slot: one after the other, 20
+    assert decode_seconds(lengths, 2, 0, cost) == (pytest.approx(0.1), 10)
+    assert decode_seconds(lengths, 1, 0, cost) == (pytest.approx(0.2), 20)
+    # the FLOP roof: 4 sequences at 5 ms of FLOPs each beat a 10 ms weight read
+    busy = replace(cost, flops_s_per_seq=0.005)
+    assert busy.iteration_s(4, 0) == pytest.approx(0.02)
+    assert busy.iteration_s(1, 0) == pytest.approx(0.01)
+
+
+def test_the_straggler_decides_the_decode():
+    starts, ends = continuous_batching(np.array([100, 1, 1, 1]), slots=2)
+    assert ends.max() == 100  # the long answer keeps one slot busy while the short ones pass through
+    assert list(starts) == [0, 0, 1, 2]
+
+
+def test_quantile_lengths_follow_the_knobs():
+    lengths = quantile_lengths(1001, 4096, 0.25, 0.7)
+    assert np.median(lengths) == pytest.approx(1024, rel=0.01)
+    assert lengths.max() <= 4096 and lengths.min() >= 1
+
+
+# --- monotonicity ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def arch():
+    return ModelArch.from_json(SEVEN_B)
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return load_profile("h100")
+
+
+def test_more_bandwidth_is_never_slower(arch, h100):
+    for gpus in (8, 16):
+        base = simulate_step(seven_b(gpus), arch, gpus, h100, "multi")
+        for name in ("intra_bandwidth", "inter_bandwidth", "hbm_bandwidth"):
+            faster = h100.with_entry(name, 2 * getattr(h100, name).value, "test")
+            for c in ("multi", "single"):
+                before = base if c == "multi" else simulate_step(seven_b(gpus), arch, gpus, h100, c)
+                after = simulate_step(seven_b(gpus), arch, gpus, faster, c)
+                assert after.seconds <= before.seconds + 1e-9, (gpus, name, c)
+    driver = h100.with_entry("serialize_bandwidth", 10 * h100.serialize_bandwidth.value, "test")
+    assert (
+        simulate_step(seven_b(16), arch, 16, driver, "single").seconds
+        < simulate_step(seven_b(16), arch, 16, h100, "single").seconds
+    )
+
+
+def test_the_single_controller_is_never_faster_and_falls_behind_with_gpus(arch, h100):
+    ratios = []
+    for gpus in (8, 16, 32):
+        multi = simulate_step(seven_b(gpus), arch, gpus, h100, "multi")
+        single = simulate_step(seven_b(gpus), arch, gpus, h100, "single")
+        assert single.seconds >= multi.seconds
+        assert single.phases["generate"] == multi.phases["generate"]  # the same engines
+        ratios.append(single.seconds / multi.seconds)
+    assert ratios == sorted(ratios)
+
+
+# --- profiles and CLI ------------------------------------------------------------------------------------
+
+
+def test_every_shipped_number_has_a_source():
+    for path in HARDWARE_DIR.glob("*.json"):
+        data = json.loads(path.read_text())
+        for section, entries in data.items():
+            if section == "name":
+                continue
+            entries = {section: entries} if "value" in entries else entries
+            for key, entry in entries.items():
+                assert entry["source"].strip(), f"{path.name}: {section}.{key} has no source"
+    for name in ("h100", "h200", "a100"):
+        profile = load_profile(name)
+        assert all(source for _, _, source in profile.sources()), name
+
+
+def test_knobs_parse_and_unknown_ones_fail():
+    assert parse_knobs(["train_mfu=0.3", "weak_scaling=false"]) == Knobs(train_mfu=0.3, weak_scaling=False)
+    with pytest.raises(ValueError, match="unknown knob"):
+        parse_knobs(["mfu=0.3"])
+
+
+def test_cli_prints_the_table_and_writes_the_plot(tmp_path, capsys):
+    png = tmp_path / "scaling.png"
+    args = [str(REPO / "examples/configs/gpu_base.yaml"), *OVERRIDES, "data.train_batch_size=128"]
+    args += [
+        "--model-config",
+        SEVEN_B,
+        "--world-size",
+        "8",
+        "--simulate",
+        "--gpus",
+        "8,16",
+        "--plot",
+        str(png),
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert (
+        "multi/single" in out and "tokens/s" in out and "source" not in out.split("simulated step")[0][-10:]
+    )
+    assert png.stat().st_size > 10_000
