@@ -1,0 +1,266 @@
+"""Checks the step simulator's pieces against what this machine measures: the data-plane bench (DataCoordinator
+and its single-controller baseline) and the weight-sync bench at 2, 4 and 8 ranks, and the README main job's
+step time at 2 ranks. Prints predicted vs measured and the error of each; the last line is a summary.
+
+    python tools/validate_simulator.py                       # calibrates first (~1-2 min), then ~5 min of runs
+    python tools/validate_simulator.py --profile outputs/calibration/cpu.json --skip-step
+
+Predictions use only the calibrated profile (python -m distflow.plan CONFIG --calibrate) and the planner's
+own data and reshard plans; nothing measured by a bench feeds its own prediction. The main job runs the
+same torchrun command as ci/quickstart.sh (without its setup step), 3 steps; its first step (warm-up,
+first weight sync) is left out of the measured median, as the simulator predicts a steady-state step.
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from distflow.config import resolve
+from distflow.coordination.data.layouts import PlacedLayout
+from distflow.layout import ParallelLayout, Placement
+from distflow.models.tiny import make_tiny_model
+from distflow.plan.model_size import ModelArch
+from distflow.plan.reshard_estimate import estimate_reshard
+from distflow.plan.simulate import calibrate
+from distflow.plan.simulate.data_movement import Link, multi_controller_seconds, plan_edge
+from distflow.plan.simulate.hardware_profile import Knobs, load_profile
+from distflow.plan.simulate.step import allgather_seconds, driver_of, simulate_step
+from distflow.plan.simulate.weight_sync import weight_sync_seconds
+
+REPO = Path(__file__).resolve().parents[1]
+TOLERANCE = 0.25
+MAIN_JOB_CONFIG = "examples/configs/grpo_copy_cpu.yaml"
+MAIN_JOB_MODEL = "outputs/tiny-qwen2-h128"
+# The copy task's lengths, by construction (tools/prepare_data.py copy --digits 4): a prompt is the chat
+# template around 4 digits, "user\n1234\nassistant\n" (~22 tokens of data.max_prompt_length 64), the
+# answer 4 digits + EOS (5 of rollout.max_new_tokens 8), nearly always.
+MAIN_JOB_KNOBS = Knobs(
+    prompt_length_fraction=22 / 64, response_length_fraction=5 / 8, response_length_sigma=0.05
+)
+# bench_data_plane.py's defaults, which its runs here keep
+DP_PROMPTS, DP_SAMPLES, DP_SEED, DP_MIN, DP_MAX = 512, 8, 0, 64, 4096
+DP_FIELDS = {"input_ids": "all", "rollout_logprobs": "all"}
+# bench_weight_sync.py's model at each rank count: (tp, pp)
+WS_LAYOUTS = {2: (2, 1), 4: (2, 2), 8: (4, 2)}
+WS_MODEL = dict(layers=4, hidden=512, heads=8, kv_heads=4, ffn=1536, vocab=8000)
+
+
+def run(cmd: list[str], timeout: int) -> str:
+    # this checkout's distflow, also in the benches' torchrun ranks (a venv may have another installed)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    if out.returncode:
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-2000:]}"
+        )
+    return out.stdout
+
+
+# --- data plane -------------------------------------------------------------------------------------------
+
+
+def bench_lengths() -> np.ndarray:
+    """The bench's lengths: one seeded draw (tools/bench_data_plane.py, rollout_shard)."""
+    rng = np.random.default_rng(DP_SEED)
+    n = DP_PROMPTS * DP_SAMPLES
+    return np.clip(rng.lognormal(np.log(512), 1.0, n), DP_MIN, DP_MAX).astype(np.int64)
+
+
+def predict_data_plane(profile, ranks: int) -> tuple[float, float]:
+    """(coordinator, baseline) seconds for the bench's edge: rollout DP=N -> training DP=N/2 x TP=2."""
+    placement = Placement.create("colocated", ranks, 1)
+    producer = PlacedLayout.rollout(placement)
+    consumer = PlacedLayout.training(ParallelLayout.for_world(ranks, tp=2), placement)
+    lengths = bench_lengths()
+    plan, planning_s = plan_edge(producer, consumer, lengths, DP_SAMPLES, DP_FIELDS)
+    share = min(1.0, profile.cores.value / ranks)  # N processes on the host's cores
+    link = Link(profile.intra_bandwidth.value * share, profile.intra_latency.value / share)
+    memcpy = profile.memcpy_bandwidth.value * share
+    # Each rank copies what it holds (sorted by id) and unpacks what it receives: one memcpy each.
+    copies = max(
+        (lengths[plan.table.holders == r].sum() * 12 + plan.bytes_received(r)) / memcpy for r in range(ranks)
+    )
+    gather = allgather_seconds(ranks, link, link, ranks)
+    # every rank computes the same plan (timed here, on this machine), N of them on the cores
+    coordinator = multi_controller_seconds(plan, ranks, link, link, gather) + copies + planning_s / share
+    # Baseline: the single-controller model of the step simulator (step.driver_of): rank 0 gathers every
+    # other rank's shard and scatters each training rank its share, serializing each byte once, each
+    # sample an object, one message per peer and direction.
+    payload = float(lengths.sum()) * 12
+    received = payload * (ranks - 1) / ranks
+    sent = payload * 2 - payload / (ranks // 2)  # every DP share to its 2 TP ranks, but rank 0's own
+    driver = replace(driver_of(profile), rpc_s=profile.intra_latency.value / share)
+    baseline = driver.move_seconds(received, len(lengths), ranks - 1) + driver.move_seconds(
+        sent, len(lengths), ranks - 1
+    )
+    return coordinator, baseline
+
+
+def measure_data_plane(ranks: int, repeats: int) -> tuple[float, float]:
+    out = run(
+        [sys.executable, "tools/bench_data_plane.py", "--ranks", str(ranks), "--repeats", str(repeats)], 600
+    )
+    walls = dict(re.findall(r"^(coordinator|baseline)\s+wall ([0-9.]+) s", out, re.M))
+    return float(walls["coordinator"]), float(walls["baseline"])
+
+
+# --- weight sync ------------------------------------------------------------------------------------------
+
+
+def predict_weight_sync(profile, ranks: int, arch: ModelArch) -> float:
+    """The bench's resharder: tp x pp ranks write their slices into one engine (TP 1) over shared memory,
+    fp32 on the wire (the bench's element_size=4), then the engine loads them."""
+    tp, pp = WS_LAYOUTS[ranks]
+    reshard = estimate_reshard(arch, ParallelLayout.for_world(ranks, tp=tp, pp=pp), 1, 1, 64, 1.0)
+    fp32 = replace(reshard, send_bytes=2 * reshard.send_bytes, recv_bytes=2 * reshard.recv_bytes)
+    share = min(1.0, profile.cores.value / ranks)
+    copy = Link(profile.memcpy_bandwidth.value * share, profile.rpc_latency.value)
+    return weight_sync_seconds(
+        fp32, arch, copy, profile.memcpy_bandwidth.value, profile.measured.get("engine", {})
+    )
+
+
+def measure_weight_sync(ranks: int, repeats: int) -> float:
+    tp, pp = WS_LAYOUTS[ranks]
+    m = WS_MODEL
+    out = run(
+        [
+            sys.executable,
+            "tools/bench_weight_sync.py",
+            "--tp",
+            str(tp),
+            "--pp",
+            str(pp),
+            "--engine-tp",
+            "1",
+            "--layers",
+            str(m["layers"]),
+            "--hidden",
+            str(m["hidden"]),
+            "--heads",
+            str(m["heads"]),
+            "--kv-heads",
+            str(m["kv_heads"]),
+            "--vocab",
+            str(m["vocab"]),
+            "--repeats",
+            str(repeats),
+        ],
+        900,
+    )
+    return float(re.search(r"resharder:\s+([0-9.]+) ms", out).group(1)) / 1e3
+
+
+# --- the README main job ----------------------------------------------------------------------------------
+
+
+def predict_main_job(profile) -> float:
+    cfg = resolve(str(REPO / MAIN_JOB_CONFIG), [f"model.path={REPO / MAIN_JOB_MODEL}"])
+    arch = ModelArch.from_json(str(REPO / MAIN_JOB_MODEL))
+    return simulate_step(cfg, arch, 2, profile, "multi")
+
+
+def measure_main_job() -> float:
+    out_dir = REPO / "outputs" / "validate_simulator_main_job"
+    subprocess.run(["rm", "-rf", str(out_dir)], check=True)
+    run(
+        [
+            "timeout",
+            "900",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "distflow.train",
+            MAIN_JOB_CONFIG,
+            f"model.path={MAIN_JOB_MODEL}",
+            f"trainer.output_dir={out_dir}",
+            "trainer.total_steps=3",
+        ],
+        960,
+    )
+    steps = [
+        json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
+    ]
+    return statistics.median(
+        s["timing_s/step"] for s in steps if s.get("step", 0) > 1 and "timing_s/step" in s
+    ), steps
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", help="a calibrated profile JSON (default: calibrate now)")
+    parser.add_argument("--ranks", default="2,4,8")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--skip-data-plane", action="store_true")
+    parser.add_argument("--skip-weight-sync", action="store_true")
+    parser.add_argument("--skip-step", action="store_true")
+    args = parser.parse_args(argv)
+    path = args.profile
+    if not path:
+        path = REPO / "outputs" / "calibration" / "cpu.json"
+        args_ = [str(REPO / MAIN_JOB_CONFIG), f"model.path={REPO / MAIN_JOB_MODEL}"]
+        cfg = resolve(args_[0], args_[1:])
+        calibrate.calibrate(
+            path, model_dir=str(REPO / MAIN_JOB_MODEL), cfg=cfg, config_args=args_, knobs=MAIN_JOB_KNOBS
+        )
+        print(f"calibrated: {path}", flush=True)
+    profile = load_profile(str(path), MAIN_JOB_KNOBS)
+    rows = []  # (what, predicted, measured)
+
+    def record(what, predicted, measured):
+        rows.append((what, predicted, measured))
+        print(
+            f"{what:<44} predicted {predicted * 1e3:9.1f} ms  measured {measured * 1e3:9.1f} ms  "
+            f"error {(predicted - measured) / measured:+7.1%}",
+            flush=True,
+        )
+
+    ranks = [int(r) for r in args.ranks.split(",")]
+    for n in [] if args.skip_data_plane else ranks:
+        coordinator, baseline = measure_data_plane(n, args.repeats)
+        p_coordinator, p_baseline = predict_data_plane(profile, n)
+        record(f"data plane, multi-controller, {n} ranks", p_coordinator, coordinator)
+        record(f"data plane, single-controller, {n} ranks", p_baseline, baseline)
+    if not args.skip_weight_sync:
+        with tempfile.TemporaryDirectory() as tmp:
+            arch = ModelArch.from_json(str(make_tiny_model("qwen2", Path(tmp) / "m", **WS_MODEL)))
+        for n in ranks:
+            record(
+                f"weight sync (resharder), {n} ranks",
+                predict_weight_sync(profile, n, arch),
+                measure_weight_sync(n, 3),
+            )
+    if not args.skip_step:
+        predicted = predict_main_job(profile)
+        measured, steps = measure_main_job()
+        for phase, seconds in predicted.phases.items():
+            print(f"  predicted {phase:<9} {seconds:7.3f} s", flush=True)
+        last = steps[-1]
+        print(
+            "  measured  "
+            + ", ".join(f"{k[9:]}={v:.3f}" for k, v in last.items() if k.startswith("timing_s/"))
+        )
+        record("README main job, step time, 2 ranks", predicted.seconds, measured)
+    errors = [abs(p - m) / m for _, p, m in rows]
+    within = sum(e <= TOLERANCE for e in errors)
+    print(
+        f"summary: {within}/{len(rows)} within {TOLERANCE:.0%}; median |error| {statistics.median(errors):.1%}, "
+        f"max |error| {max(errors):.1%} ({rows[int(np.argmax(errors))][0]})"
+    )
+
+
+if __name__ == "__main__":
+    main()
