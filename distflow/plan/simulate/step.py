@@ -92,9 +92,12 @@ def engine_cost(arch: ModelArch, engine_tp: int, profile: Profile, spans_nodes: 
     )
 
 
-def simulate_step(cfg, arch: ModelArch, gpus: int, profile: Profile, controller: str) -> StepPrediction:
+def simulate_step(
+    cfg, arch: ModelArch, gpus: int, profile: Profile, controller: str, time_planning: bool = True
+) -> StepPrediction:
     """cfg: the config at this GPU count (the caller scales the batch for weak scaling). Raises the
-    planner's errors (LayoutError, ...) when the layout does not fit `gpus`."""
+    planner's errors (LayoutError, ...) when the layout does not fit `gpus`. time_planning: count the
+    data plan's computation, timed on this machine (False: a deterministic result, for tests)."""
     assert controller in CONTROLLERS, f"controller must be one of {CONTROLLERS}, got {controller!r}"
     k = profile.knobs
     per_node = int(profile.gpus_per_node.value)
@@ -106,7 +109,13 @@ def simulate_step(cfg, arch: ModelArch, gpus: int, profile: Profile, controller:
         gpus_per_node=per_node,
     )
     cluster, p = plan.cluster, plan.cluster.placement
-    out = StepPrediction(gpus, controller, notes=[] if plan.fits else ["the plan does not fit memory"])
+    out = StepPrediction(
+        gpus,
+        controller,
+        notes=[]
+        if plan.fits
+        else [f"the plan does not fit {plan.gpu_bytes / 2**30:.0f} GiB GPUs at {gpus} GPUs"],
+    )
     intra, inter = _links(profile, min(gpus, per_node))
     multi_node = gpus > per_node
     dp_link = inter if multi_node else intra
@@ -221,7 +230,7 @@ def simulate_step(cfg, arch: ModelArch, gpus: int, profile: Profile, controller:
                 edge, planning_s = plan_edge(
                     src, dst, lengths, n, pipeline.fields[name], keep_groups=node.keep_groups
                 )
-                seconds += planning_s
+                seconds += planning_s if time_planning else 0.0
                 seconds += multi_controller_seconds(
                     edge, per_node, intra, inter, allgather_seconds(gpus, inter, intra, per_node)
                 )

@@ -61,6 +61,10 @@ def sweep(
             cfg = config_at(extra)
             for c in controllers:
                 row.by_controller[c] = simulate_step(cfg, arch, g, profile, c)
+            if any(p.notes for p in row.by_controller.values()):
+                # a plan that does not fit has no KV pool to speak of: its times mean nothing
+                row.skipped = "; ".join(next(p.notes for p in row.by_controller.values() if p.notes))
+                row.by_controller.clear()
         except (ConfigError, LayoutError, PipelineError, ValueError, AssertionError) as err:
             row.by_controller.clear()
             row.skipped = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
