@@ -137,7 +137,10 @@ def main(argv=None) -> int:
         print(render_table(rows, profile, title))
         print(render_sources(profile))
         if ns.plot:
-            plot(rows, ns.plot, title)
+            short = (
+                f"{arch.architecture or 'model'} {arch.total_params / 1e9:.1f} B, {ns.world_size}-GPU config"
+            )
+            plot(rows, ns.plot, f"{short}, profile {Path(ns.profile).stem}")
             print(f"plot: {ns.plot}")
     return EXIT_FITS if plan.fits else EXIT_DOES_NOT_FIT
 
