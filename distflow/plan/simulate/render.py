@@ -69,6 +69,7 @@ def plot(rows: list[Row], path: str, title: str = "") -> None:
         ax1.plot(gpus, [base * g for g in gpus], ":", color="grey", label="linear (multi)")
     ax1.set(xscale="log", yscale="log", xlabel="GPUs", ylabel="tokens/s", title="throughput")
     ax1.set_xticks(gpus, [str(g) for g in gpus])
+    ax1.minorticks_off()
     ax1.legend()
     bottom = [0.0] * len(done)
     for p in PHASES:
