@@ -76,7 +76,6 @@ def _metrics(ctx, samples, start: float) -> dict[str, float]:
         "rollout/prompt_length/max": max(prompt_lengths, default=0),
         "rollout/prompt_length/min": min(prompt_lengths, default=0),
         "rollout/tokens": samples.num_tokens,
-        "rollout/engine_restarts": rollout.engine_restarts,  # in this attempt, so far (summed over engines)
         # the oldest weights behind any sample (all equal on-policy)
         "rollout/weight_version": min((i.weight_version for i in infos), default=rollout.weight_version),
         "rollout/seconds": time.perf_counter() - start,

@@ -24,6 +24,8 @@ from distflow.workers.rollout.worker import placement_device
 
 def sync_weights(ctx, inputs):
     ctx.record(**ctx.weight_sync.sync())
+    # Engines restarted in place so far in this attempt (at a rollout's death, or in this sync).
+    ctx.record(**{"rollout/engine_restarts": ctx.workers.rollout.engine_restarts})
     return {"weight_version": ctx.workers.rollout.weight_version}
 
 
@@ -57,6 +59,9 @@ class WeightSync:
             except WeightSyncError as exc:
                 if not (exc.engines_died and attempt < self.cfg.rollout.engine_restarts):
                     raise
+                refused = self._restart_refusals()
+                if refused:
+                    raise WeightSyncError(f"{exc}; not restarted in place: {refused}", exc.failures) from exc
                 if self.rank == 0:
                     print(
                         f"[sync] {str(exc).splitlines()[0]}; restarting the engine and syncing again",
@@ -65,6 +70,13 @@ class WeightSync:
 
     def _sync(self) -> dict[str, float]:
         raise NotImplementedError
+
+    def _restart_refusals(self) -> str:
+        """Collective: why a dead engine cannot be restarted in place ("" when every one can), the same on
+        every rank, so that all ranks retry the sync or all raise its error."""
+        answers = [None] * dist.get_world_size()
+        dist.all_gather_object(answers, self.rollout.why_not_restartable())
+        return "; ".join(f"rank {rank}: {why}" for rank, why in enumerate(answers) if why)
 
     def continue_versions_from(self, version: int) -> None:
         """On resume: the next completed sync is `version` + 1, as in the run that wrote the checkpoint."""

@@ -50,7 +50,7 @@ def test_cpu_smoke(tmp_path):
     run(
         ["bash", str(SCRIPT), "--wheels", str(wheels), "--out", str(out), "--cpu-smoke", "--budget-s", "120"],
         timeout_s=120,
-        env={"GPU_CHECK_SGLANG_STAND_IN": "1"},
+        env={"GPU_CHECK_SGLANG_STAND_IN": "1", "PYTHON": sys.executable},
     )
     result = json.loads((out / "gpu_check.json").read_text())
     errors = {name: r["error"] for name, r in result.items() if isinstance(r, dict) and "error" in r}

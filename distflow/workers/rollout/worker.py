@@ -267,17 +267,30 @@ class RolloutWorker:
         mine, self.balance_stats = board.finish(run.generated, run.tokens)
         return [s for c in chunks for s in mine[c.index]]
 
-    def _check_restart_budget(self, died: Exception) -> None:
-        """Raises `died` once this engine has used its rollout.engine_restarts (the job then stops, and a
-        torchrun restart resumes it from its last checkpoint)."""
+    def _why_not_restartable(self) -> str | None:
+        """Why this engine cannot be restarted in place now (None: it can)."""
         budget = self.cfg.rollout.engine_restarts
         if self.engine_nnodes > 1:  # its other nodes' processes belong to other ranks
-            raise EngineDiedError(f"{died}\n(an engine spanning nodes is not restarted in place)") from died
+            return "an engine spanning nodes is not restarted in place"
+        if self.in_flight:  # their requests died with it, and partial rollouts cannot be re-issued
+            return f"partial rollouts of steps {sorted(self.in_flight)} were in flight on it"
         if self.engine_restarts >= budget:
-            raise EngineDiedError(
-                f"{died}\n(engine {self.engine_index} has used its {budget} restart(s) in this attempt: "
-                "rollout.engine_restarts)"
-            ) from died
+            return f"engine {self.engine_index} has used its {budget} restart(s) in this attempt: rollout.engine_restarts"
+        return None
+
+    def why_not_restartable(self) -> str | None:
+        """Why this rank's dead engine cannot be restarted in place; None if it can, or if none is dead here."""
+        if not (self.owner and engine_health.is_dead(self.engine)):
+            return None
+        return self._why_not_restartable()
+
+    def _check_restart_budget(self, died: Exception) -> None:
+        """Raises `died` when the engine cannot be restarted in place (its restarts spent, partial rollouts in
+        flight, an engine over nodes): the job then stops, and a torchrun restart resumes it from its last
+        checkpoint."""
+        why = self._why_not_restartable()
+        if why is not None:
+            raise EngineDiedError(f"{died}\n({why})") from died
 
     def restart_engine(self) -> None:
         """Owner of a dead engine: stops what is left of it and starts it again from model.path, with the
@@ -301,8 +314,9 @@ class RolloutWorker:
         or in a failed sync) restarts it, within rollout.engine_restarts. True if it restarted one."""
         if not self.owner or not engine_health.is_dead(self.engine):
             return False
-        reason = engine_health.monitor_of(self.engine).dead_reason
-        self._check_restart_budget(EngineDiedError(reason))
+        monitor = engine_health.monitor_of(self.engine)
+        reason = monitor.dead_reason
+        self._check_restart_budget(monitor.error("the weight sync"))
         print(
             f"[rollout] engine {self.engine_index} is dead ({reason}); it restarts "
             f"({self.engine_restarts + 1} of rollout.engine_restarts={self.cfg.rollout.engine_restarts})",
