@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 
 from distflow.models.conversion import HFCheckpoint
 from distflow.plan.simulate import megatron_probe
+from distflow.plan.simulate.best_time import best_seconds
 from distflow.plan.simulate.hardware_profile import Knobs
 from distflow.rewards.registry import load_scorer, scorer_path
 from distflow.testing.launch import torchrun
@@ -33,17 +34,6 @@ from distflow.workers.rollout.sglang_engine import generate, release_memory, res
 
 MiB = 2**20
 P2P_BYTES = 32 * MiB
-
-
-def best_seconds(fn, repeats: int = 5) -> float:
-    """The fastest of `repeats` runs after one warm-up (the machine is shared: the minimum is the cost)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def measure_memcpy(nbytes: int = 64 * MiB) -> float:

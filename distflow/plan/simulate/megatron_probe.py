@@ -9,7 +9,6 @@ fixed cost per pass and a cost per token come apart.
 
 import argparse
 import json
-import time
 
 import torch
 
@@ -17,6 +16,7 @@ from distflow import distributed
 from distflow.config import resolve
 from distflow.config.__main__ import split_config_args
 from distflow.layout import ParallelLayout, Placement
+from distflow.plan.simulate.best_time import best_seconds
 from distflow.workers.megatron.worker import MegatronWorker
 
 
@@ -41,16 +41,6 @@ def policy_gradient_loss(logprobs, entropy, mb):
     return loss, {}
 
 
-def best_of(fn, repeats: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("args", nargs="*")
@@ -72,8 +62,8 @@ def main(argv=None):
     for rows in (ns.rows, max(1, ns.rows // 2)):
         batch = synthetic_batch(rows, ns.seq, vocab)
         result[rows] = {
-            "forward_s": best_of(lambda: worker.compute_logprobs(batch)),
-            "train_s": best_of(lambda: worker.train_step(batch, policy_gradient_loss)),
+            "forward_s": best_seconds(lambda: worker.compute_logprobs(batch)),
+            "train_s": best_seconds(lambda: worker.train_step(batch, policy_gradient_loss)),
             "tokens": rows * ns.seq,
         }
     if env.rank == 0:
