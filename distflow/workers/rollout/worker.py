@@ -254,15 +254,11 @@ class RolloutWorker:
             **sampling,
         )
         if run.died is not None:  # the live engines generate what it had left; it restarts meanwhile
-            self._check_restart_budget(run.died)
+            self._raise_unless_restartable(run.died)
             given = board.abandon(run.unfinished)
-            print(
-                f"[rollout] engine {self.engine_index} died in step {step}'s rollout; {given} of its chunks go "
-                f"to the other engines, and it restarts ({self.engine_restarts + 1} of "
-                f"rollout.engine_restarts={r.engine_restarts})",
-                flush=True,
+            self.restart_engine(
+                f"died in step {step}'s rollout; {given} of its chunks go to the other engines"
             )
-            self.restart_engine()
             board.wait_for_adopters()
         mine, self.balance_stats = board.finish(run.generated, run.tokens)
         return [s for c in chunks for s in mine[c.index]]
@@ -284,7 +280,7 @@ class RolloutWorker:
             return None
         return self._why_not_restartable()
 
-    def _check_restart_budget(self, died: Exception) -> None:
+    def _raise_unless_restartable(self, died: Exception) -> None:
         """Raises `died` when the engine cannot be restarted in place (its restarts spent, partial rollouts in
         flight, an engine over nodes): the job then stops, and a torchrun restart resumes it from its last
         checkpoint."""
@@ -292,10 +288,16 @@ class RolloutWorker:
         if why is not None:
             raise EngineDiedError(f"{died}\n({why})") from died
 
-    def restart_engine(self) -> None:
+    def restart_engine(self, cause: str) -> None:
         """Owner of a dead engine: stops what is left of it and starts it again from model.path, with the
         version count it had. Its weights are stale (generate refuses them) until the next weight sync loads
-        the actor's current ones through the normal path; the resharder picks the new engine up there."""
+        the actor's current ones through the normal path; the resharder picks the new engine up there.
+        cause: what happened to it, for the log line."""
+        print(
+            f"[rollout] engine {self.engine_index} {cause}; it restarts ({self.engine_restarts + 1} of "
+            f"rollout.engine_restarts={self.cfg.rollout.engine_restarts})",
+            flush=True,
+        )
         dead, version = self.engine, state_of(self.engine).version
         with contextlib.suppress(Exception):  # whatever survived of it (a detokenizer, a frozen scheduler)
             sglang_engine.shutdown_engine(dead)
@@ -309,21 +311,14 @@ class RolloutWorker:
         )
         self.released = set()
 
-    def revive_dead_engine(self) -> bool:
+    def revive_dead_engine(self) -> None:
         """Before a weight sync, on every rank: an owner whose engine died outside a rollout (between steps,
-        or in a failed sync) restarts it, within rollout.engine_restarts. True if it restarted one."""
+        or in a failed sync) restarts it, within rollout.engine_restarts."""
         if not self.owner or not engine_health.is_dead(self.engine):
-            return False
+            return
         monitor = engine_health.monitor_of(self.engine)
-        reason = monitor.dead_reason
-        self._check_restart_budget(monitor.error("the weight sync"))
-        print(
-            f"[rollout] engine {self.engine_index} is dead ({reason}); it restarts "
-            f"({self.engine_restarts + 1} of rollout.engine_restarts={self.cfg.rollout.engine_restarts})",
-            flush=True,
-        )
-        self.restart_engine()
-        return True
+        self._raise_unless_restartable(monitor.error("the weight sync"))
+        self.restart_engine(f"is dead ({monitor.dead_reason})")
 
     def load_weights(self, named_tensors) -> None:
         """Full HF-named tensors into the engine through SGLang's own loader (the fallback sync path)."""
