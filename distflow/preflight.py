@@ -10,6 +10,7 @@ key must stay instant.
 """
 
 import difflib
+import json
 import os
 import shutil
 import time
@@ -18,10 +19,12 @@ from pathlib import Path
 
 from distflow.checkpointing import CheckpointError, resolve_resume
 from distflow.config import ConfigError, DistFlowConfig
+from distflow.config.validate import sglang_fields
 from distflow.dag.graph import PipelineError
 from distflow.dag.loading import RUNNABLE, SMOKE, load_pipeline
 from distflow.dag.roles import ranks_of_role
 from distflow.data.prompts import DataError, PromptDataset
+from distflow.models.moe import NUM_EXPERTS_KEYS, num_experts
 from distflow.plan.model_size import ModelArch
 from distflow.rewards.registry import (
     BUILTIN_SCORERS,
@@ -113,6 +116,25 @@ def check_model_paths(cfg: DistFlowConfig) -> None:
         load = getattr(cfg, role).load
         if load:
             _existing_dir(f"{role}.load", load)
+    if cfg.actor.moe_routing_replay:
+        check_routing_replay(cfg)
+
+
+def check_routing_replay(cfg: DistFlowConfig) -> None:
+    """actor.moe_routing_replay: a MoE model.path, and an SGLang that returns routes (this imports SGLang's
+    ServerArgs, a few seconds, only for a run that asks for replay)."""
+    config_path = Path(cfg.model.path) / "config.json"
+    if not num_experts(json.loads(config_path.read_text())):
+        raise ConfigError(
+            f"actor.moe_routing_replay=true needs a MoE model, but model.path={cfg.model.path} is dense "
+            f"(its config.json names no {' / '.join(NUM_EXPERTS_KEYS)}); set actor.moe_routing_replay=false"
+        )
+    fields = sglang_fields()
+    if fields is not None and "enable_return_routed_experts" not in fields:
+        raise ConfigError(
+            "actor.moe_routing_replay=true needs an SGLang that returns the experts it routed each token to "
+            "(ServerArgs.enable_return_routed_experts, as SGLang 0.5.23 has); the installed one has no such field"
+        )
 
 
 def _hf_dir(key: str, path: str) -> None:

@@ -47,7 +47,14 @@ def build_workers(run: RunContext, pipeline, tokenizer) -> Workers:
     workers.rollout = RolloutWorker(
         cfg, cluster.placement, run.rank, cfg.model.path, weight_loaders=WeightSync.engine_loaders()
     )
-    run.log(f"{cluster.placement.num_engines} SGLang engine(s) up")
+    run.log(
+        f"{cluster.placement.num_engines} SGLang engine(s) up"
+        + (
+            ", returning their MoE routes for the actor's routing replay"
+            if cfg.actor.moe_routing_replay
+            else ""
+        )
+    )
     if workers.rollout.owner:
         workers.reward_pool = RewardPool.from_config(cfg.reward)
     return workers

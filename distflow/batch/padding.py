@@ -8,7 +8,7 @@ from distflow.batch.packed import PackedBatch
 def to_padded(batch: PackedBatch) -> dict[str, torch.Tensor]:
     """A PackedBatch as the Megatron worker's [B, S] right-padded tensors (sorted by sample id).
 
-    Ragged fields become [B, S]; `attention_mask` is 1 on real tokens (those of input_ids, or of the first
+    Ragged fields become [B, S] ([B, S, *inner] for rows with an inner shape); `attention_mask` is 1 on real tokens (those of input_ids, or of the first
     ragged field in a batch without input_ids, such as `from_padded`'s); fixed per-sample fields stay [B].
     """
     batch = batch.sorted_by_id()
@@ -20,7 +20,7 @@ def to_padded(batch: PackedBatch) -> dict[str, torch.Tensor]:
         if name in batch.row_counts:
             if not torch.equal(batch.row_counts[name], lengths):
                 raise ValueError(f"ragged field {name!r} does not have one row per token of {ragged[0]!r}")
-            padded = torch.zeros((rows, width), dtype=flat.dtype)
+            padded = torch.zeros((rows, width, *flat.shape[1:]), dtype=flat.dtype)
             padded[out["attention_mask"].bool()] = flat
             out[name] = padded
         else:

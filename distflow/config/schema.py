@@ -90,6 +90,11 @@ class MegatronRoleConfig:
 class ActorConfig(MegatronRoleConfig):
     mini_batch_size: int = option(0, "Prompts per optimizer step; 0 = the whole rollout batch (one update).")
     ppo_epochs: int = option(1, "Passes over each rollout batch.")
+    moe_routing_replay: bool = option(
+        False,
+        "MoE only: the engines return the experts they routed each token to, and the actor's forwards (old "
+        "log-probs and the update) use those experts instead of routing again (rollout routing replay, R3).",
+    )
     optim: OptimizerConfig = section(OptimizerConfig, "Actor optimizer and LR schedule.")
 
 

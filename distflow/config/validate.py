@@ -54,6 +54,7 @@ _SGLANG_OWNED = {
     "nnodes": "rollout.engine_nnodes",
     "node_rank": "rollout.engine_nnodes",
     "dist_init_addr": "rollout.engine_nnodes",
+    "enable_return_routed_experts": "actor.moe_routing_replay",
 }
 TRACKING_BACKENDS = ("console", "jsonl", "wandb", "tensorboard")
 
@@ -101,6 +102,8 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
     _check_estimator(cfg)
     _check_staleness(cfg)
     _check_rollout_correction(cfg)
+    if cfg.actor.moe_routing_replay:
+        _check_routing_replay(cfg)
     for i, backend in enumerate(cfg.tracking.backends):
         if backend not in TRACKING_BACKENDS:
             raise ConfigError(f"tracking.backends[{i}]={backend!r} is not one of {list(TRACKING_BACKENDS)}")
@@ -190,6 +193,23 @@ def _check_rollout_correction(cfg: DistFlowConfig) -> None:
             f"{where}.mask_low={rc.mask_low} and mask_high={rc.mask_high} must satisfy 0 <= mask_low < "
             "mask_high: tokens whose ratio pi_prox / mu leaves [mask_low, mask_high] are masked (0.5 and 2 "
             "are common)"
+        )
+
+
+def _check_routing_replay(cfg: DistFlowConfig) -> None:
+    """actor.moe_routing_replay: what the config alone can tell (a dense model.path, an engine that cannot
+    return routes: distflow.preflight)."""
+    a, r = cfg.actor, cfg.rollout
+    if a.recompute_granularity == "full":
+        raise ConfigError(
+            "actor.moe_routing_replay=true with actor.recompute_granularity=full: the recomputed forward in "
+            "the backward pass would route again, not replay; use recompute_granularity=selective or null"
+        )
+    if r.partial:
+        raise ConfigError(
+            "actor.moe_routing_replay=true with rollout.partial=true: a sample continued across a weight "
+            "update is prefilled again by the new weights, so its routes are not those it was sampled with; "
+            "drop one of them"
         )
 
 

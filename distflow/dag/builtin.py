@@ -29,6 +29,16 @@ FIELDS = {
     "returns": {"returns": "all"},
 }
 
+
+def fields_of(cfg: DistFlowConfig) -> dict:
+    """FIELDS, and with actor.moe_routing_replay the engines' routes with the samples (every stage of the
+    actor reads them: each replays its own layers')."""
+    if not cfg.actor.moe_routing_replay:
+        return FIELDS
+    samples = {**_SAMPLES, "routed_experts": "all"}
+    return {**FIELDS, "samples": samples, "kept_samples": samples}
+
+
 # Node docs that several pipelines share, word for word.
 GENERATE_DOC = "each engine samples rollout.n={n} responses per prompt of its shard"
 SCORE_DOC = "rule-based or custom reward per sample, where the samples were generated"
@@ -54,7 +64,7 @@ def reinforce_pp_doc(cfg: DistFlowConfig) -> str:
 
 def grpo(cfg: DistFlowConfig) -> Pipeline:
     """GRPO (and any estimator of the grpo records: rloo, reinforce_pp, reinforce_pp_baseline)."""
-    p, ref = Pipeline("grpo", fields=FIELDS), uses_reference(cfg)
+    p, ref = Pipeline("grpo", fields=fields_of(cfg)), uses_reference(cfg)
     p.add(
         "generate",
         "rollout",
@@ -129,7 +139,7 @@ def check_grpo(cfg: DistFlowConfig) -> None:
 
 def rloo(cfg: DistFlowConfig) -> Pipeline:
     """RLOO: GRPO's graph with the leave-one-out outcome advantage."""
-    p, ref = Pipeline("rloo", fields=FIELDS), uses_reference(cfg)
+    p, ref = Pipeline("rloo", fields=fields_of(cfg)), uses_reference(cfg)
     p.add(
         "generate",
         "rollout",
@@ -193,7 +203,7 @@ def check_rloo(cfg: DistFlowConfig) -> None:
 
 def ppo(cfg: DistFlowConfig) -> Pipeline:
     """PPO: a critic's values, GAE advantages and returns, and a value update before the policy update."""
-    p, ref, a = Pipeline("ppo", fields=FIELDS), uses_reference(cfg), cfg.algorithm
+    p, ref, a = Pipeline("ppo", fields=fields_of(cfg)), uses_reference(cfg), cfg.algorithm
     p.add(
         "generate",
         "rollout",
@@ -269,7 +279,7 @@ def check_ppo(cfg: DistFlowConfig) -> None:
 def reinforce_pp(cfg: DistFlowConfig) -> Pipeline:
     """REINFORCE++ without a critic: token-level advantages on the actor's layout (reinforce_pp), or the
     group-baseline outcome advantage (reinforce_pp_baseline)."""
-    p, ref = Pipeline("reinforce_pp", fields=FIELDS), uses_reference(cfg)
+    p, ref = Pipeline("reinforce_pp", fields=fields_of(cfg)), uses_reference(cfg)
     p.add(
         "generate",
         "rollout",
@@ -345,7 +355,7 @@ def check_reinforce_pp(cfg: DistFlowConfig) -> None:
 def dapo(cfg: DistFlowConfig) -> Pipeline:
     """DAPO: GRPO behind a dynamic-sampling filter. The nodes after it read kept_samples/kept_rewards under the
     names the shared node functions take ("samples", "rewards")."""
-    p, ref, a = Pipeline("dapo", fields=FIELDS), uses_reference(cfg), cfg.algorithm
+    p, ref, a = Pipeline("dapo", fields=fields_of(cfg)), uses_reference(cfg), cfg.algorithm
     kept = {"kept_samples": "samples"}
     p.add(
         "generate",

@@ -126,7 +126,9 @@ def initialize_megatron_groups(layout: ParallelLayout, placement: Placement, tim
                     context_parallel_size=layout.cp,
                     expert_model_parallel_size=layout.ep,
                     expert_tensor_parallel_size=layout.etp,
-                    distributed_timeout_minutes=max(1, timeout_s // 60),
+                    # Megatron builds timedelta(minutes=...): a fraction keeps the job's timeout in seconds
+                    # (whole minutes made trainer.dist_timeout_s=30 wait 60 s on a frozen rank).
+                    distributed_timeout_minutes=timeout_s / 60,
                 )
     if len(placement.train_ranks) != dist.get_world_size():  # Megatron's groups exist on some ranks only
         training_world.align_group_names()

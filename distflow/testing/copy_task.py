@@ -9,12 +9,12 @@ from distflow.models.tiny import make_tiny_model
 from distflow.testing.launch import run
 
 
-def copy_task(root, *, train: int, test: int = 8, **sizes) -> tuple[Path, Path]:
-    """(model dir, data dir) under `root`: tiny qwen2 with a 300-token vocabulary (padded for TP, which
-    exercises the masking of padded logits; `sizes` as make_tiny_model's, e.g. the README main job's
-    hidden=128, ffn=512) and `train`/`test` copy prompts of 4 digits (seed 1)."""
+def copy_task(root, *, train: int, test: int = 8, family: str = "qwen2", **sizes) -> tuple[Path, Path]:
+    """(model dir, data dir) under `root`: a tiny `family` model (qwen2 unless given) with a 300-token
+    vocabulary (padded for TP, which exercises the masking of padded logits; `sizes` as make_tiny_model's,
+    e.g. the README main job's hidden=128, ffn=512) and `train`/`test` copy prompts of 4 digits (seed 1)."""
     root = Path(root)
-    model = make_tiny_model("qwen2", root / "tiny-qwen2", vocab=300, **sizes)
+    model = make_tiny_model(family, root / f"tiny-{family}", vocab=300, **sizes)
     data = root / "copy"
     run(
         [

@@ -56,3 +56,23 @@ def test_a_ragged_field_of_other_length_is_refused():
         ValueError, match="ragged field 'other' does not have one row per token of 'input_ids'"
     ):
         to_padded(bad)
+
+
+def test_a_token_field_with_an_inner_shape_pads_per_token():
+    """MoE routes ([tokens, layers x top_k] per sample) pad like input_ids, keeping each token's row."""
+    routes = [torch.arange(n * 4, dtype=torch.int16).reshape(n, 4) + 100 * i for i, n in enumerate((3, 5))]
+    batch = PackedBatch.from_samples(
+        [1, 0],
+        [0, 0],
+        {
+            "input_ids": [torch.ones(3, dtype=torch.long), torch.ones(5, dtype=torch.long)],
+            "routed_experts": routes,
+        },
+    )
+    padded = to_padded(batch)
+    assert padded["routed_experts"].shape == (2, 5, 4) and padded["routed_experts"].dtype == torch.int16
+    assert torch.equal(padded["routed_experts"][0], routes[1])  # sample 0 (5 tokens) first
+    assert torch.equal(padded["routed_experts"][1, :3], routes[0])
+    assert not padded["routed_experts"][1, 3:].any()
+    back = from_padded(batch, {"routed_experts": padded["routed_experts"]})
+    assert torch.equal(back.fields["routed_experts"], torch.cat([routes[1], routes[0]]))

@@ -9,6 +9,7 @@ weights (checked by sync.verify), and the run's metrics equal the frozen-rank ru
 uninterrupted run's).
 """
 
+import re
 import time
 
 import pytest
@@ -70,6 +71,9 @@ def test_the_job_restarts_and_resumes_after_a_fault(task, tmp_path, node, sig):
     seconds = time.monotonic() - started
     what = "while saving step 2" if node == "checkpoint_save" else f"in {node} of step 2"
     assert f"[phase_faults] rank 1: SIG{sig} {what}" in log, log[-3000:]
+    if sig == "STOP":  # every process group, Megatron's too, waits dist_timeout_s for the frozen rank
+        waits = [int(ms) for ms in re.findall(r"Timed out waiting (\d+)ms", log)]
+        assert waits and max(waits) <= BOUND_S * 1000, waits
     assert "this is a restarted attempt (1 torchrun restart(s)" in log, log[-3000:]
     assert "resumed from" in log, log[-3000:]  # step 1's checkpoint at least
     rows = ROWS[node] = metrics_rows(out)

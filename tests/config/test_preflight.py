@@ -124,6 +124,25 @@ CASES = {
         ["model.path={tmp}/huge_model"],
         ["trainer.output_dir=", "GiB free on its disk, but one checkpoint of this run takes about"],
     ),
+    "routing_replay_on_a_dense_model": (
+        ["actor.moe_routing_replay=true"],
+        ["actor.moe_routing_replay=true needs a MoE model", "is dense", "num_local_experts / num_experts"],
+    ),
+    "routing_replay_with_full_recompute": (
+        ["actor.moe_routing_replay=true", "actor.recompute_granularity=full"],
+        ["actor.moe_routing_replay=true with actor.recompute_granularity=full", "selective or null"],
+    ),
+    "routing_replay_with_partial_rollouts": (
+        [
+            "actor.moe_routing_replay=true",
+            "rollout.partial=true",
+            "rollout.max_staleness=1",
+            "rollout.placement=disaggregated",
+            "rollout.num_ranks=1",
+            "rollout.balance=partition",
+        ],
+        ["actor.moe_routing_replay=true with rollout.partial=true", "drop one of them"],
+    ),
     "user_pipeline_missing": (
         ["dag.pipeline={tmp}/pipe.py:build"],
         ["dag.pipeline", "pipe.py", "no such file"],
@@ -252,3 +271,19 @@ def test_config_show_runs_the_preflight(tmp_path):
         timeout=120,
     )
     assert only.returncode == 0, only.stderr
+
+
+def test_routing_replay_needs_an_engine_that_returns_routes(tmp_path, monkeypatch):
+    """An SGLang without ServerArgs.enable_return_routed_experts is named before anything starts (the
+    installed 0.5.23 has it: the check passes on a MoE model)."""
+    from distflow import preflight
+    from distflow.config import ConfigError, resolve
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_experts": 4, "num_experts_per_tok": 2}))
+    cfg = resolve(None, [f"model.path={tmp_path}", "actor.moe_routing_replay=true"])
+    preflight.check_routing_replay(cfg)
+    monkeypatch.setattr(preflight, "sglang_fields", lambda: frozenset({"model_path", "tp_size"}))
+    with pytest.raises(
+        ConfigError, match="needs an SGLang that returns the experts it routed .* no such field"
+    ):
+        preflight.check_routing_replay(cfg)

@@ -175,3 +175,21 @@ def test_dag_show_refuses_a_bad_combination_in_seconds_without_a_process_group()
     assert out.returncode == 2, out.stdout
     assert "reward.model_path with dag.pipeline=dapo" in out.stderr
     assert time.perf_counter() - start < 60
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_routing_replay_moves_the_routes_with_the_samples(name):
+    """actor.moe_routing_replay: the samples' routes go to the training layout (every stage); otherwise the
+    field does not exist, and a batch holding it would be refused by the data coordinator."""
+    settings = {
+        "ppo": ["critic.enable=true", "algorithm.adv_estimator=gae"],
+        "rloo": ["algorithm.adv_estimator=rloo"],
+    }
+    overrides = [f"dag.pipeline={name}", *settings.get(name, [])]
+    if name == "dapo":
+        overrides.append("algorithm.dynamic_sampling=true")
+    if name == "reinforce_pp":
+        overrides.append("algorithm.adv_estimator=reinforce_pp")
+    replayed = load_pipeline(resolve(None, [*overrides, "actor.moe_routing_replay=true"]))
+    assert replayed.fields["samples"]["routed_experts"] == "all"
+    assert "routed_experts" not in load_pipeline(resolve(None, overrides)).fields["samples"]

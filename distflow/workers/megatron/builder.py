@@ -69,6 +69,8 @@ def transformer_config(spec, hf_config: dict, role_cfg: MegatronRoleConfig, dtyp
         # Megatron refuses the default allgather MoE dispatcher with variable_seq_lengths (dense models too).
         moe_token_dispatcher_type="alltoall",
     )
+    if getattr(role_cfg, "moe_routing_replay", False):  # the actor's routers take the engine's routes
+        options["moe_enable_routing_replay"] = True
     options.update(role_cfg.megatron)
     return TransformerConfig(**spec.transformer_config_kwargs(hf_config, **layout, **options))
 

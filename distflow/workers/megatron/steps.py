@@ -11,19 +11,24 @@ import functools
 import torch
 
 
-def run_schedule(model_chunks: list, micro_batches: list[dict], forward_only: bool, output_fn) -> list:
+def run_schedule(
+    model_chunks: list, micro_batches: list[dict], forward_only: bool, output_fn, before_forward=None
+) -> list:
     """Forward (and backward unless forward_only) of every micro-batch through this rank's chunks.
 
     output_fn(model_output, micro_batch) -> (loss, payload) runs on the last pipeline stage, where
     model_output is that stage's output ([rows, length, ...]: vocab-parallel logits, or values for the
     critic). Megatron divides the returned loss by the number of micro-batches before backward (and DDP
     averages gradients over data-parallel ranks): the caller scales for that. Returns the payloads in
-    micro-batch order on the last stage, [] elsewhere.
+    micro-batch order on the last stage, [] elsewhere. before_forward(model_chunk, micro_batch), when given,
+    runs just before each chunk's forward of a micro-batch (MoE routing replay sets the routes there).
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     def forward_step(data_iterator, model):
         mb = next(data_iterator)
+        if before_forward is not None:
+            before_forward(model, mb)
         tokens = mb["input_ids"]
         positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
         # attention_mask=None: Megatron's causal mask; right padding never influences earlier tokens.

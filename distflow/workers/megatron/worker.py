@@ -30,6 +30,7 @@ from distflow.models.reward_model import RewardModelCheckpoint
 from distflow.workers.megatron import batching, builder, hf_io, steps
 from distflow.workers.megatron.dist_checkpoint_io import load_dist_checkpoint_weights
 from distflow.workers.megatron.offload import ParameterOffloader
+from distflow.workers.megatron.routing_replay import RoutingReplay
 from distflow.workers.megatron.value_head import install_value_head
 from distflow.workers.megatron.vocab_parallel import logprobs_and_entropy, shift_to_token_positions
 
@@ -119,6 +120,11 @@ class MegatronWorker:
             for chunk in self.chunks:
                 chunk.requires_grad_(False)
             self.model = builder.wrap_for_inference(self.chunks, self.config)
+        self.routing_replay = (
+            None  # actor.moe_routing_replay: the engines' routes replace the routers' choice
+        )
+        if getattr(role_cfg, "moe_routing_replay", False):
+            self.routing_replay = RoutingReplay(self.model, self.config)
         # ref.offload: the reference model's weights wait in CPU memory between forwards (no-op on CPU).
         self.offloader = ParameterOffloader(self.model, self.device) if role_cfg.offload else None
 
@@ -176,7 +182,7 @@ class MegatronWorker:
         caller_device = batch["input_ids"].device
         batch = self._to_device(batch)
         groups, micro_batches = self._micro_batches(batch)
-        payloads = steps.run_schedule(self.model, micro_batches, forward_only=True, output_fn=output_fn)
+        payloads = self._run_schedule(micro_batches, forward_only=True, output_fn=output_fn)
         rows, seq = batch["input_ids"].shape
         result = torch.zeros(len(names), rows, seq, dtype=torch.float32, device=self.device)
         if ps.is_pipeline_last_stage():
@@ -190,6 +196,16 @@ class MegatronWorker:
                 group=ps.get_pipeline_model_parallel_group(),
             )
         return dict(zip(names, result.to(caller_device)))
+
+    def _run_schedule(self, micro_batches: list[dict], forward_only: bool, output_fn) -> list:
+        if self.routing_replay is None:
+            return steps.run_schedule(self.model, micro_batches, forward_only, output_fn)
+        try:
+            return steps.run_schedule(
+                self.model, micro_batches, forward_only, output_fn, self.routing_replay.before_forward
+            )
+        finally:
+            self.routing_replay.finish()
 
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
@@ -254,7 +270,7 @@ class MegatronWorker:
             payload["loss"] = loss.detach().float() * weight
             return loss * (tokens * scale), payload
 
-        payloads = steps.run_schedule(self.model, micro_batches, forward_only=False, output_fn=output_fn)
+        payloads = self._run_schedule(micro_batches, forward_only=False, output_fn=output_fn)
         lr = self.optimizer.param_groups[0]["lr"]
         metrics = _reduce_loss_metrics(payloads)  # the same on every rank of the role
         # A NaN/Inf loss, or NaN/Inf gradients under a finite loss (an fp32/bf16 optimizer has no loss scaler

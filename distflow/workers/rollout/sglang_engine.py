@@ -20,6 +20,7 @@ Who calls: the rollout worker on the rank that owns an engine (rank 0 of a rollo
 
 import asyncio
 import atexit
+import base64
 import collections
 import contextlib
 import dataclasses
@@ -29,6 +30,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 from distflow.cpu_support import cuda_available, sglang_cpu_launch
@@ -81,6 +83,9 @@ class RolloutSample:
     token_versions: list[int] | None = None
     """The version that sampled each token, where a weight update fell inside the sample's generation
     (partial_generation); None: all weight_version."""
+    routed_experts: np.ndarray | None = None
+    """MoE engines started with enable_return_routed_experts: the experts the engine routed each token of
+    prompt + response to, int32 [tokens - 1, layers * top_k] (the last token was never fed back); else None."""
 
 
 def start_engine(
@@ -353,7 +358,14 @@ def prepare_requests(
         return_logprob=True,
         custom_logit_processor=[processor] * len(requests) if processor else None,
     )
+    if returns_routed_experts(engine):
+        kwargs["return_routed_experts"] = True
     return state.version, requests, kwargs
+
+
+def returns_routed_experts(engine) -> bool:
+    """Whether the engine was started to return the experts it routes each token to (MoE routing replay)."""
+    return bool(getattr(getattr(engine, "server_args", None), "enable_return_routed_experts", False))
 
 
 def update_weights_from_tensors(
@@ -481,7 +493,25 @@ def _to_sample(prompt_index: int, out: dict, weight_version: int) -> RolloutSamp
         logprobs=logprobs,
         finish_reason=reason,
         weight_version=weight_version,
+        routed_experts=routed_experts_of(out),
     )
+
+
+def routed_experts_of(out: dict) -> np.ndarray | None:
+    """The routes of one generate output, int32 [prompt + response tokens - 1, layers * top_k], or None when
+    it carries none. SGLang sends them base64-encoded, token-major ([tokens, layers, top_k] int32)."""
+    encoded = out["meta_info"].get("routed_experts")
+    if encoded is None:
+        return None
+    meta = out["meta_info"]
+    tokens = meta["prompt_tokens"] + len(out["output_ids"]) - 1
+    flat = np.frombuffer(base64.b64decode(encoded), dtype=np.int32)
+    if tokens <= 0 or flat.size % tokens:
+        raise EngineCallError(
+            f"generate: {flat.size} routed-expert entries do not split over the {tokens} tokens of request "
+            f"{meta.get('id')} (prompt {meta['prompt_tokens']} + response {len(out['output_ids'])} - 1)"
+        )
+    return flat.reshape(tokens, -1)
 
 
 def response_of(out: dict, prompt_index: int, ends=("stop", "length")) -> tuple[list[int], list[float], str]:

@@ -16,9 +16,11 @@ failed start, a death during generation or a sync) end with that log's last line
 
 import contextlib
 import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.distributed import distributed_c10d
 
@@ -86,8 +88,12 @@ class RolloutWorker:
         self.engine_nnodes = placement.engine_nnodes
         node_rank = placement.engine_node_rank(rank)
         self._start_engine = None  # starts this rank's engine (processes), the same way every time
+        # MoE routing replay: the engine returns each token's experts, which the samples carry to the actor
+        self.routes_width = routes_width(model_path) if cfg.actor.moe_routing_replay else None
         if node_rank is not None:
             args = engine_args(cfg.rollout.sglang, weight_loaders)
+            if self.routes_width is not None:
+                args["enable_return_routed_experts"] = True
             if placement.engine_nnodes > 1:
                 args.update(
                     multi_node_engine.node_args(
@@ -151,7 +157,9 @@ class RolloutWorker:
 
             def group_done(prompt_index, samples):
                 first = base + prompt_index * n
-                batch = pack_samples(prompts, [(first + j, s) for j, s in enumerate(samples)], base)
+                batch = pack_samples(
+                    prompts, [(first + j, s) for j, s in enumerate(samples)], base, self.routes_width
+                )
                 if on_group is not None:
                     on_group(batch, prompts[prompt_index])
                 if on_sample is not None and chunked:  # chunks report whole groups
@@ -160,7 +168,9 @@ class RolloutWorker:
         if on_sample is not None and not chunked:
 
             def sample_done(prompt_index, j, sample):
-                on_sample(pack_samples(prompts, [(base + prompt_index * n + j, sample)], base))
+                on_sample(
+                    pack_samples(prompts, [(base + prompt_index * n + j, sample)], base, self.routes_width)
+                )
 
         in_flight = self.in_flight.pop(step, None) if balance else None
         if in_flight is not None:  # submitted earlier (partial rollouts): what is left of it, then all of it
@@ -179,7 +189,7 @@ class RolloutWorker:
         if self.release_between_steps:
             sglang_engine.release_memory(self.engine)
             self.released = set(sglang_engine.ENGINE_MEMORY)
-        return pack_samples(prompts, [(base + i, s) for i, s in enumerate(outs)], base)
+        return pack_samples(prompts, [(base + i, s) for i, s in enumerate(outs)], base, self.routes_width)
 
     def submit(self, prompts, eos_token_id: int, step: int) -> None:
         """Partial rollouts (rollout.partial): sends step `step`'s training rollout to this rank's engine and
@@ -359,11 +369,15 @@ class RolloutWorker:
         self.engine = self.node_engine = None
 
 
-def pack_samples(prompts, samples, base: int) -> PackedBatch:
+def pack_samples(prompts, samples, base: int, routes_width: int | None = None) -> PackedBatch:
     """[(sample id, RolloutSample)] of this engine's partition (group ids are base + prompt index) as the
     batch that leaves the rollout: token ids, response mask and the engine's log-probs, one row per token
-    (entry t belongs to token t, as in the Megatron worker), and each sample's SampleInfo."""
+    (entry t belongs to token t, as in the Megatron worker), and each sample's SampleInfo.
+    routes_width (MoE routing replay: layers x top_k): also `routed_experts`, int16 [tokens, routes_width],
+    the experts the engine routed each token to (the last token, never fed back, repeats its predecessor's
+    experts: its output feeds no log-prob)."""
     ids, groups, tokens, masks, logprobs, infos = [], [], [], [], [], {}
+    routes = []
     for sample_id, s in samples:
         prompt = prompts[s.prompt_index]
         seq = list(prompt.input_ids) + list(s.response_ids)
@@ -376,6 +390,8 @@ def pack_samples(prompts, samples, base: int) -> PackedBatch:
         lp = torch.zeros(len(seq), dtype=torch.float32)
         lp[len(prompt.input_ids) :] = torch.tensor(s.logprobs, dtype=torch.float32)
         logprobs.append(lp)
+        if routes_width is not None:
+            routes.append(_routes_of(s, len(seq), routes_width))
         infos[sample_id] = SampleInfo(
             len(prompt.input_ids),
             list(s.response_ids),
@@ -386,12 +402,22 @@ def pack_samples(prompts, samples, base: int) -> PackedBatch:
             s.weight_version,
             s.token_versions,
         )
-    return PackedBatch.from_samples(
-        ids,
-        groups,
-        {"input_ids": tokens, "response_mask": masks, "rollout_logprobs": logprobs},
-        infos=infos,
-    )
+    fields = {"input_ids": tokens, "response_mask": masks, "rollout_logprobs": logprobs}
+    if routes_width is not None:
+        fields["routed_experts"] = routes
+    return PackedBatch.from_samples(ids, groups, fields, infos=infos)
+
+
+def _routes_of(sample, tokens: int, width: int) -> torch.Tensor:
+    routes = sample.routed_experts
+    if routes is None or routes.shape != (tokens - 1, width):
+        got = None if routes is None else tuple(routes.shape)
+        raise RuntimeError(
+            f"MoE routing replay: the engine returned routes of shape {got} for a sample of {tokens} tokens; "
+            f"expected ({tokens - 1}, {width}) (layers x top_k per token but the last)"
+        )
+    routes = torch.from_numpy(routes.astype(np.int16))
+    return torch.cat([routes, routes[-1:]]) if tokens > 1 else routes.new_zeros(1, width)
 
 
 def _per_prompt(engine_index: int, n: int, on_group):
@@ -412,6 +438,12 @@ def engine_log_path(cfg, engine_index: int, node_rank: int = 0) -> Path:
     (a multi-node engine's later nodes: engine<i>.node<k>.log)."""
     suffix = f".node{node_rank}" if node_rank else ""
     return Path(cfg.trainer.output_dir) / "engine_logs" / f"engine{engine_index}{suffix}.log"
+
+
+def routes_width(model_path) -> int:
+    """Routed-expert entries per token of a MoE model: its layers x the experts each token goes to."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    return config["num_hidden_layers"] * config["num_experts_per_tok"]
 
 
 def engine_args(user_args: dict, weight_loaders=()) -> dict:

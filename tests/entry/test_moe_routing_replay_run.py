@@ -1,0 +1,45 @@
+"""GRPO on a MoE actor with routing replay end to end: `distflow.train` on 2 CPU processes, a tiny Qwen3-MoE
+actor at EP2 (each rank holds half the experts), one SGLang engine per rank started to return its routes;
+the routes travel with the samples through the data coordinator into the old log-probs' forward and the
+update, where the actor's routers replay them (jobs/routing_replay_job.py shows, router by router, that the
+experts used are the engine's)."""
+
+import pytest
+
+from distflow.testing.copy_task import copy_task, metrics_rows
+from distflow.testing.launch import torchrun
+
+
+@pytest.mark.slow
+def test_grpo_steps_replay_the_engines_routes(tmp_path):
+    model, data = copy_task(tmp_path, train=64, family="qwen3_moe")
+    out = tmp_path / "run"
+    log = torchrun(
+        "distflow.train",
+        nproc=2,
+        module=True,
+        timeout_s=600,
+        args=[
+            "examples/configs/grpo_copy_cpu.yaml",
+            f"model.path={model}",
+            f"trainer.output_dir={out}",
+            f"data.train_files=[{data}/train.parquet]",
+            "data.val_files=[]",
+            "trainer.val_every=0",
+            "actor.tp=1",
+            "actor.ep=2",
+            "actor.moe_routing_replay=true",
+            "data.train_batch_size=4",
+            "rollout.n=4",
+            "rollout.max_new_tokens=6",
+            "trainer.sft_warmup_steps=1",
+            "trainer.total_steps=2",
+            "checkpoint.export_hf=false",
+        ],
+    )
+    assert "returning their MoE routes for the actor's routing replay" in log, log[-3000:]
+    rows = metrics_rows(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:  # the old log-probs, computed on the engine's routes and the synced weights
+        assert row["rollout_corr/logprob_abs_diff"] <= 1e-3, row
+        assert row["actor/grad_norm"] > 0, row
