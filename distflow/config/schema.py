@@ -181,9 +181,10 @@ class RolloutConfig:
         "How often each engine may be restarted in place in one attempt after its processes die or stall. With "
         "several engines, a dead engine's unfinished chunks of the rollout go to the others (same seeds, same "
         "samples) while it restarts, and the next weight sync loads the current weights into it; a death in a "
-        "sync restarts it and the sync runs again. Spent (or 0, or a single engine dying mid-rollout): the job "
-        "stops naming the engine, and a torchrun restart resumes it from its last checkpoint. Metric "
-        "rollout/engine_restarts.",
+        "sync restarts it and the sync runs again. With no live engine to take them (one engine, or all dead), "
+        "in lock-step and colocated: it restarts, the weights are synced into it again and its prompts are "
+        "generated again (same seeds). Spent, 0, or otherwise: the job stops naming the engine, and a torchrun "
+        "restart resumes it from its last checkpoint. Metric rollout/engine_restarts.",
     )
     max_staleness: int = option(
         0,

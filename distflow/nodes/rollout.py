@@ -7,7 +7,12 @@ rollout.stream_chunks, the finished samples also leave for the training layout i
 import contextlib
 import time
 
+import torch.distributed as dist
+
 from distflow.nodes.reward import reward_sample
+from distflow.workers.rollout import engine_health
+from distflow.workers.rollout.engine_health import EngineDiedError
+from distflow.workers.rollout.work_stealing import EveryEngineDied
 
 
 def generate(ctx, inputs):
@@ -18,7 +23,57 @@ def generate(ctx, inputs):
 
 def generate_samples(ctx, prompts) -> tuple:
     """(this rank's samples or None, their rollout/* metrics): the work of the generate node, for callers
-    that generate more than once in a step (dynamic sampling) and keep the metrics they choose."""
+    that generate more than once in a step (dynamic sampling) and keep the metrics they choose.
+    Where engines can be regenerated in place (regenerates_in_place), an engine that dies with the
+    rollout's requests and no live engine to take them (a single engine, or every engine of the step) is
+    restarted, every rank syncs the actor's current weights into the engines again under the same version,
+    and its owner generates its prompts again with the same seeds: the step's samples are the ones it would
+    have had, and no job restart is needed."""
+    if not regenerates_in_place(ctx):
+        return _generate(ctx, prompts, balance=True)
+    rollout, result, balance = ctx.workers.rollout, None, True
+    while True:
+        died = None
+        if result is None:
+            try:
+                result = _generate(ctx, prompts, balance)
+            except (EngineDiedError, EveryEngineDied) as exc:
+                died = exc
+        deaths = _gathered(None if died is None else str(died).splitlines()[0])
+        if not any(deaths):
+            return result
+        # Every rank: all restart and sync again, or all raise (a dead engine whose restarts are spent).
+        refused = ctx.weight_sync.restart_refusals()
+        if refused:
+            first = next(d for d in deaths if d)
+            raise EngineDiedError(f"{died or first}; not restarted in place: {refused}") from died
+        if rollout.owner and engine_health.is_dead(rollout.engine):
+            rollout.restart_engine(f"died in step {ctx.step.step}'s rollout; its prompts are generated again")
+        ctx.weight_sync.resync()
+        # Each dead owner generates its own prompts alone (with their home seeds, the same samples).
+        balance, rollout.balance_stats = False, None
+
+
+def regenerates_in_place(ctx) -> bool:
+    """Whether a rollout whose engines died can be generated again in place (generate_samples): engine
+    restarts allowed (rollout.engine_restarts), every rank an engine owner's (colocated: all take part in
+    the weight sync the restarted engine needs), in lock-step (the actor has not moved since the sync that
+    made the rollout's weights, so syncing again gives them back) and with the samples leaving whole.
+    Otherwise such a death stops the job, and a torchrun restart resumes it from its last checkpoint."""
+    r = ctx.cfg.rollout
+    if not (r.engine_restarts > 0 and r.max_staleness == 0 and not r.partial and ctx.samples_stream is None):
+        return False
+    placement = ctx.cluster.placement
+    return len(placement.rollout_ranks) == placement.world_size
+
+
+def _gathered(value) -> list:
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def _generate(ctx, prompts, balance: bool) -> tuple:
     start = time.perf_counter()
     rollout, pool = ctx.workers.rollout, ctx.workers.reward_pool
     scores = pool is not None and rollout.owner and streams_rewards(ctx.cfg)
@@ -27,7 +82,7 @@ def generate_samples(ctx, prompts) -> tuple:
     if stream is not None and stream.closed:
         stream = None
     if not (scores or stream):
-        samples = rollout.generate(prompts, ctx.tokenizer.eos_token_id, step=ctx.step.step, balance=True)
+        samples = rollout.generate(prompts, ctx.tokenizer.eos_token_id, step=ctx.step.step, balance=balance)
         return samples, _metrics(ctx, samples, start)
 
     def on_group(group, prompt):
@@ -42,7 +97,7 @@ def generate_samples(ctx, prompts) -> tuple:
             prompts,
             ctx.tokenizer.eos_token_id,
             step=ctx.step.step,
-            balance=True,
+            balance=balance,
             on_group=on_group if scores else None,
             on_sample=None if stream is None else stream.add,
         )

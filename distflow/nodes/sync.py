@@ -59,7 +59,7 @@ class WeightSync:
             except WeightSyncError as exc:
                 if not (exc.engines_died and attempt < self.cfg.rollout.engine_restarts):
                     raise
-                refused = self._restart_refusals()
+                refused = self.restart_refusals()
                 if refused:
                     raise WeightSyncError(f"{exc}; not restarted in place: {refused}", exc.failures) from exc
                 if self.rank == 0:
@@ -68,10 +68,17 @@ class WeightSync:
                         flush=True,
                     )
 
+    def resync(self) -> dict[str, float]:
+        """Collective: the engines load the actor's current weights again as the version they serve now, not
+        a new one. For an engine restarted mid-rollout in lock-step (nodes/rollout.generate_samples): the
+        actor has not changed since the sync that made that version, so the rollout's samples keep it."""
+        self.continue_versions_from(self.rollout.weight_version - 1)
+        return self.sync()
+
     def _sync(self) -> dict[str, float]:
         raise NotImplementedError
 
-    def _restart_refusals(self) -> str:
+    def restart_refusals(self) -> str:
         """Collective: why a dead engine cannot be restarted in place ("" when every one can), the same on
         every rank, so that all ranks retry the sync or all raise its error."""
         answers = [None] * dist.get_world_size()

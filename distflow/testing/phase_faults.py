@@ -2,7 +2,7 @@
 
 `dag.pipeline=distflow.testing.phase_faults:pipeline` runs the built-in pipeline of
 $DISTFLOW_FAULT_PIPELINE (default grpo) with one change: in the job's first attempt (before any torchrun
-restart), when rank $DISTFLOW_FAULT_RANK starts node $DISTFLOW_FAULT_NODE of step $DISTFLOW_FAULT_STEP, it
+restart), when rank $DISTFLOW_FAULT_RANK (or every rank: "all") starts node $DISTFLOW_FAULT_NODE of step $DISTFLOW_FAULT_STEP, it
 sends itself $DISTFLOW_FAULT_SIGNAL (KILL: a rank lost; STOP: a frozen rank). Nodes cover the phases:
 generate (rollout), reward, old_logprob/train_actor (training), sync_weights (weight sync). The checkpoint
 save is not a node: $DISTFLOW_FAULT_NODE=checkpoint_save strikes while step $DISTFLOW_FAULT_STEP's
@@ -25,8 +25,8 @@ ENV = ("DISTFLOW_FAULT_NODE", "DISTFLOW_FAULT_STEP", "DISTFLOW_FAULT_RANK", "DIS
 CHECKPOINT_SAVE = "checkpoint_save"
 
 
-def fault_env(node: str, step: int, rank: int, sig: str, pipeline: str = "grpo") -> dict[str, str]:
-    """The environment that arms one fault (sig: "KILL", "STOP" or "ENGINE")."""
+def fault_env(node: str, step: int, rank: int | str, sig: str, pipeline: str = "grpo") -> dict[str, str]:
+    """The environment that arms one fault (sig: "KILL", "STOP" or "ENGINE"; rank: a rank or "all")."""
     return {
         "DISTFLOW_FAULT_NODE": node,
         "DISTFLOW_FAULT_STEP": str(step),
@@ -39,7 +39,8 @@ def fault_env(node: str, step: int, rank: int, sig: str, pipeline: str = "grpo")
 def pipeline(cfg) -> Pipeline:
     base = BUILTIN[os.environ.get("DISTFLOW_FAULT_PIPELINE", "grpo")](cfg)
     node, step, rank, sig = (os.environ[name] for name in ENV)
-    armed = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and int(os.environ["RANK"]) == int(rank)
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    armed = first_attempt and rank in ("all", os.environ["RANK"])
     if not armed:
         return base
     if sig == "ENGINE":

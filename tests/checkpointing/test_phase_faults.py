@@ -3,9 +3,10 @@ one SGLang engine per rank) under `torchrun --max-restarts 1`: the job ends by i
 restarted once, resumed from its last complete checkpoint, with metrics.jsonl holding steps 1..T once and
 every checkpoint intact. distflow.testing.phase_faults arms the fault; tools/fault_inject.py --phase runs
 the same faults at every phase (a rank killed while its checkpoint is written, too) and reports. Here the
-two CI keeps: a frozen rank while training, and an engine killed while it generates, which needs no job
-restart: the other engine takes its chunks, it restarts in place and the next sync loads the current
-weights (checked by sync.verify), and the run's metrics equal the frozen-rank run's (both equal the
+two CI keeps: a frozen rank while training, and every engine killed while it generates, which needs no
+job restart: the engines restart in place, the weights are synced into them again and the rollout is
+generated again (one engine's death, whose chunks the other engine takes, is tests/rollout/
+test_balanced_rollout.py's), and the run's metrics equal the frozen-rank run's (both equal the
 uninterrupted run's).
 """
 
@@ -28,7 +29,7 @@ def task(tmp_path_factory):
     return copy_task(tmp_path_factory.mktemp("phase_faults"), train=64)
 
 
-def run_job(task, out, node, sig, *extra):
+def run_job(task, out, node, sig, *extra, rank=1):
     model, data = task
     return torchrun(
         "distflow.train",
@@ -36,7 +37,7 @@ def run_job(task, out, node, sig, *extra):
         module=True,
         timeout_s=600,
         max_restarts=1,
-        env=fault_env(node, step=2, rank=1, sig=sig),
+        env=fault_env(node, step=2, rank=rank, sig=sig),
         args=[
             "examples/configs/grpo_copy_cpu.yaml",
             f"model.path={model}",
@@ -87,15 +88,19 @@ def test_the_job_restarts_and_resumes_after_a_fault(task, tmp_path, node, sig):
 
 
 @pytest.mark.slow
-def test_an_engine_killed_mid_rollout_restarts_in_place(task, tmp_path):
+def test_every_engine_killed_mid_rollout_restarts_in_place(task, tmp_path):
+    """Both engines die as step 2's rollout starts: no live engine can take their chunks, so each restarts,
+    every rank syncs the actor's weights into them again under the same version (checked by sync.verify),
+    and each owner generates its prompts again with the same seeds."""
     out = tmp_path / "run"
-    log = run_job(task, out, "generate", "ENGINE", "sync.verify=true")
-    assert "[phase_faults] rank 1: engine killed in generate of step 2" in log, log[-3000:]
-    assert "[rollout] engine 1 died in step 2's rollout" in log, log[-3000:]
+    log = run_job(task, out, "generate", "ENGINE", "sync.verify=true", rank="all")
+    for rank in (0, 1):
+        assert f"[phase_faults] rank {rank}: engine killed in generate of step 2" in log, log[-3000:]
+        assert f"[rollout] engine {rank} died in step 2's rollout" in log, log[-3000:]
     assert "restarted attempt" not in log, log[-3000:]  # no job restart
     rows = metrics_rows(out)
     assert [r["step"] for r in rows] == [1, 2, 3], [r["step"] for r in rows]
-    assert [r["rollout/engine_restarts"] for r in rows] == [0, 1, 1]
+    assert [r["rollout/engine_restarts"] for r in rows] == [0, 2, 2]  # summed over the engines
     assert rows[-1]["trainer/restarts"] == 0
     reference = ROWS.get("train_actor")  # the same steps, resumed exactly after a frozen rank
     if reference is None:

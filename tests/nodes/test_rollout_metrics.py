@@ -30,7 +30,7 @@ def test_generate_records_lengths_and_counts():
 
     engine = SimpleNamespace(weight_version=2, balance_stats=None, generate=generate)
     ctx = NodeContext(
-        SimpleNamespace(rollout=SimpleNamespace(max_new_tokens=8, partial=False)),
+        SimpleNamespace(rollout=SimpleNamespace(max_new_tokens=8, partial=False, engine_restarts=0)),
         None,
         0,
         SimpleNamespace(eos_token_id=0),
@@ -64,3 +64,27 @@ def test_partial_fraction_counts_the_tokens_sampled_before_an_interrupting_sync(
     infos = [info([1, 1, 1, 2, 2, 2, 2, 2], 8), info([2, 2], 2), info(None, 5)]
     assert rollout.partial_fraction(infos) == pytest.approx(3 / 15)
     assert rollout.partial_fraction([]) == 0.0
+
+
+@pytest.mark.parametrize(
+    "change, regenerates",
+    [
+        ({}, True),
+        ({"engine_restarts": 0}, False),
+        ({"max_staleness": 1}, False),  # the actor may have moved on: syncing again would not give them back
+        ({"partial": True}, False),
+        ({"stream": True}, False),  # parts of the samples already left for the trainer
+        ({"disaggregated": True}, False),  # the training-only ranks are not in the rollout to hear of it
+    ],
+)
+def test_a_dead_engines_rollout_is_generated_again_only_in_lock_step(change, regenerates):
+    r = SimpleNamespace(engine_restarts=2, max_staleness=0, partial=False)
+    for key in ("engine_restarts", "max_staleness", "partial"):
+        if key in change:
+            setattr(r, key, change[key])
+    placement = SimpleNamespace(
+        world_size=4, rollout_ranks=(2, 3) if change.get("disaggregated") else (0, 1, 2, 3)
+    )
+    ctx = NodeContext(SimpleNamespace(rollout=r), SimpleNamespace(placement=placement), 0, None)
+    ctx.samples_stream = object() if change.get("stream") else None
+    assert rollout.regenerates_in_place(ctx) is regenerates

@@ -18,7 +18,8 @@ unfinished chunks and its unclaimed own ones as orphans: numbered slots in the s
 adopts with one atomic counter per slot, and generates with the chunk's home seeds, so the round's samples
 are the ones it would have had. Every finished chunk is counted (`done`); a live engine looks for orphans
 until the round's every chunk is done, so no orphan is left behind by engines that finished first. When
-every engine of the round is dead, nobody can adopt: the dead owners stop the job.
+every engine of the round is dead, nobody can adopt: the dead owners raise EveryEngineDied (in lock-step
+every rank then regenerates its partition in place, nodes/rollout.py; otherwise the job stops).
 
 Test/fault hook: DISTFLOW_FAULT_SLOW_CLAIMS="<engine>:<seconds>" makes that engine wait before each of its
 claims, up to <seconds>, returning early once every chunk of the round is claimed (a slow engine whose work
@@ -88,6 +89,10 @@ def slow_claims_of(engine: int) -> float:
         raise ValueError(
             f"{SLOW_CLAIMS_ENV}={spec!r}: expected '<engine index>:<seconds>', e.g. '1:60'"
         ) from None
+
+
+class EveryEngineDied(RuntimeError):
+    """Every engine of a balanced round died (each was restarted by its owner): nobody adopts the orphans."""
 
 
 class StoreBoard:
@@ -232,11 +237,11 @@ class StoreBoard:
 
     def wait_for_adopters(self) -> None:
         """A dead engine, after abandon(): until every chunk of the round is done by the live engines; raises
-        RuntimeError at once if none is left alive to adopt the orphans."""
+        EveryEngineDied at once if none is left alive to adopt the orphans."""
         deadline = time.monotonic() + self.timeout_s
         while not self._settled(ORPHAN_POLL_S):
             if int(self.store.add(self.key("dead"), 0)) >= self.num_engines:
-                raise RuntimeError(
+                raise EveryEngineDied(
                     f"rollout balance (round {self.round}): every engine of the step died; none is left to "
                     "generate the unfinished chunks"
                 )
