@@ -120,9 +120,8 @@ class MegatronWorker:
             for chunk in self.chunks:
                 chunk.requires_grad_(False)
             self.model = builder.wrap_for_inference(self.chunks, self.config)
-        self.routing_replay = (
-            None  # actor.moe_routing_replay: the engines' routes replace the routers' choice
-        )
+        # actor.moe_routing_replay: the engines' routes replace the routers' own choice in every forward
+        self.routing_replay = None
         if getattr(role_cfg, "moe_routing_replay", False):
             self.routing_replay = RoutingReplay(self.model, self.config)
         # ref.offload: the reference model's weights wait in CPU memory between forwards (no-op on CPU).
