@@ -24,6 +24,10 @@ from distflow.dag.graph import PipelineError
 from distflow.dag.loading import RUNNABLE, SMOKE, load_pipeline
 from distflow.dag.roles import ranks_of_role
 from distflow.data.prompts import DataError, PromptDataset
+from distflow.envs import EnvError, load_environment
+from distflow.envs.loading import load_tool_parser
+from distflow.envs.observations import ObservationEncoder
+from distflow.envs.tool_parsers import template_mismatch
 from distflow.models.moe import NUM_EXPERTS_KEYS, num_experts
 from distflow.plan.model_size import ModelArch
 from distflow.rewards.registry import (
@@ -59,6 +63,8 @@ def preflight(cfg: DistFlowConfig, cluster=None) -> PreflightReport:
     report = PreflightReport()
     check_model_paths(cfg)
     check_reward(cfg)
+    if cfg.rollout.env is not None:
+        check_environment(cfg)
     check_pipeline(cfg, cluster)  # after the instant checks: the built-in pipelines import the nodes (torch)
     if cfg.dag.pipeline != "smoke":  # the smoke run makes its own copy-task data
         report.prompts = check_data(cfg)
@@ -118,6 +124,38 @@ def check_model_paths(cfg: DistFlowConfig) -> None:
             _existing_dir(f"{role}.load", load)
     if cfg.actor.moe_routing_replay:
         check_routing_replay(cfg)
+
+
+def check_environment(cfg: DistFlowConfig) -> None:
+    """rollout.env: the class loads and can serve trajectories; rollout.tool_parser loads and fits the chat
+    template, which renders a tool turn (the environment's answers go in as one)."""
+    r = cfg.rollout
+    try:
+        load_environment(r.env)
+        parser = load_tool_parser(r.tool_parser)
+    except EnvError as err:
+        raise ConfigError(str(err)) from None
+    for key, clash in (
+        ("rollout.partial", r.partial),
+        ("actor.moe_routing_replay", cfg.actor.moe_routing_replay),
+    ):
+        if clash:
+            raise ConfigError(
+                f"rollout.env={r.env} with {key}=true: multi-turn rollouts do not support it yet"
+            )
+    tokenizer = _LazyTokenizer(cfg)
+    mismatch = template_mismatch(parser, tokenizer.chat_template)
+    if mismatch:
+        raise ConfigError(
+            f"rollout.tool_parser={r.tool_parser} does not fit model.path's tokenizer: {mismatch}"
+        )
+    try:
+        ObservationEncoder(tokenizer)
+    except Exception as err:  # the template's own error, whatever jinja raised
+        raise ConfigError(
+            f"rollout.env={r.env}: model.path's chat template cannot write an environment's answer as a tool "
+            f"turn after an assistant turn ({type(err).__name__}: {err})"
+        ) from None
 
 
 def check_routing_replay(cfg: DistFlowConfig) -> None:

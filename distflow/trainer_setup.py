@@ -21,6 +21,7 @@ from distflow.rewards.pool import RewardPool
 from distflow.run_context import RunContext
 from distflow.tracking.perf import ActorMFU, peak_flops
 from distflow.workers.megatron.worker import MegatronWorker
+from distflow.workers.rollout import multi_turn
 from distflow.workers.rollout.worker import RolloutWorker
 
 
@@ -45,7 +46,12 @@ def build_workers(run: RunContext, pipeline, tokenizer) -> Workers:
             if worker is not None:
                 worker.max_consecutive_bad_steps = cfg.trainer.max_consecutive_bad_steps
     workers.rollout = RolloutWorker(
-        cfg, cluster.placement, run.rank, cfg.model.path, weight_loaders=WeightSync.engine_loaders()
+        cfg,
+        cluster.placement,
+        run.rank,
+        cfg.model.path,
+        weight_loaders=WeightSync.engine_loaders(),
+        trajectories=multi_turn.runner_for(cfg, tokenizer),
     )
     run.log(
         f"{cluster.placement.num_engines} SGLang engine(s) up"

@@ -38,6 +38,7 @@ PACKAGE_LAYER = {
     "models": "models",
     "algorithms": "algorithms",
     "data": "workers",
+    "envs": "workers",
     "rewards": "workers",
     "workers": "workers",
     "coordination": "coordination",

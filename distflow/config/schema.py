@@ -145,6 +145,26 @@ class RolloutConfig:
     max_new_tokens: int = option(512, "Maximum response length in tokens.")
     stop: list[str] = option([], "Stop strings.")
     stop_token_ids: list[int] = option([], "Stop token ids (the tokenizer's EOS is always one).")
+    env: Optional[str] = option(
+        None,
+        "Multi-turn rollouts: the environment that answers the policy between its turns: a built-in "
+        "(single_turn, calculator, lookup) or a user class 'module:Class' / 'path/file.py:Class' "
+        "(distflow/envs). null: one response per prompt.",
+    )
+    max_turns: int = option(1, "Multi-turn: the most policy turns in a trajectory (rollout.env).")
+    max_total_tokens: Optional[int] = option(
+        None,
+        "Multi-turn: the most response tokens of a trajectory, the policy's and the environment's together; "
+        "null = max_new_tokens x max_turns. max_new_tokens bounds each turn.",
+    )
+    tool_parser: str = option(
+        "hermes",
+        "Multi-turn: how tool calls are read from a turn's text: hermes (<tool_call>{json}</tool_call>: "
+        "Qwen2.5/Qwen3/Hermes templates), llama3_json, or a user class 'module:Class'.",
+    )
+    env_timeout_s: float = option(
+        30.0, "Multi-turn: the longest one environment step may take; past it the trajectory ends."
+    )
     mem_fraction_static: Optional[float] = option(
         None, "Fraction of GPU memory for the engine's weights and KV cache; null = SGLang's default."
     )

@@ -91,6 +91,16 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
             f"{r.engine_tp} (each node holds engine_tp / engine_nnodes of an engine's ranks)"
         )
     _positive("rollout.max_new_tokens", r.max_new_tokens)
+    _positive("rollout.max_turns", r.max_turns)
+    if r.max_total_tokens is not None:
+        _positive("rollout.max_total_tokens", r.max_total_tokens)
+    if r.env_timeout_s <= 0:
+        raise ConfigError(f"rollout.env_timeout_s={r.env_timeout_s} must be > 0")
+    if r.max_turns > 1 and r.env is None:
+        raise ConfigError(
+            f"rollout.max_turns={r.max_turns} needs rollout.env: between turns an environment answers the policy "
+            "(e.g. rollout.env=calculator)"
+        )
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
     if r.temperature < 0:

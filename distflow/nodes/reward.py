@@ -27,8 +27,8 @@ def score_samples(
     if samples is None:
         return None, {}
     sample_ids = samples.sample_ids.tolist()
-    to_score = [
-        reward_sample(ctx.tokenizer, info.response_ids, info.finish_reason, info)
+    to_score = [  # multi-turn: the outcome is in the policy's last turn
+        reward_sample(ctx.tokenizer, info.response_ids[info.final_turn :], info.finish_reason, info)
         for info in (samples.infos[i] for i in sample_ids)
     ]
     pool = ctx.workers.reward_pool

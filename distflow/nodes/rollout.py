@@ -87,7 +87,10 @@ def _generate(ctx, prompts, balance: bool) -> tuple:
 
     def on_group(group, prompt):
         infos = [group.infos[i] for i in group.sample_ids.tolist()]
-        scored = [reward_sample(ctx.tokenizer, i.response_ids, i.finish_reason, prompt) for i in infos]
+        scored = [
+            reward_sample(ctx.tokenizer, i.response_ids[i.final_turn :], i.finish_reason, prompt)
+            for i in infos
+        ]
         pool.submit(group.sample_ids.tolist(), scored)
 
     if stream is not None:  # the log-prob passes need samples, not groups: each leaves as it finishes
@@ -119,7 +122,10 @@ def _metrics(ctx, samples, start: float) -> dict[str, float]:
     infos = list(samples.infos.values())
     lengths = [len(i.response_ids) for i in infos]
     prompt_lengths = [i.prompt_len for i in infos]
-    count, max_new = max(len(lengths), 1), ctx.cfg.rollout.max_new_tokens
+    r = ctx.cfg.rollout
+    count = max(len(lengths), 1)
+    # a response's bound: a multi-turn trajectory's is the whole trajectory's
+    max_new = r.max_new_tokens if r.env is None else (r.max_total_tokens or r.max_new_tokens * r.max_turns)
     # Means over this engine's samples, weighted by rollout/samples over the engines (tracking/reduce.py).
     metrics = {
         "rollout/samples": len(lengths),
@@ -137,6 +143,9 @@ def _metrics(ctx, samples, start: float) -> dict[str, float]:
     }
     if ctx.cfg.rollout.partial:
         metrics["rollout/partial_fraction"] = partial_fraction(infos)
+    records = [i.env for i in infos if i.env is not None]
+    if records:  # multi-turn (rollout.env)
+        metrics.update(trajectory_metrics(records, lengths))
     stats = rollout.balance_stats
     if stats is not None:  # several engines: the same totals over all engines on every owner
         per_engine = stats["engine_tokens"]
@@ -148,6 +157,22 @@ def _metrics(ctx, samples, start: float) -> dict[str, float]:
             }
         )
     return {k: float(v) for k, v in metrics.items()}
+
+
+def trajectory_metrics(records: list[dict], lengths: list[int]) -> dict[str, float]:
+    """Multi-turn rollouts' metrics over one engine's trajectories (their RolloutSample.env records)."""
+    count = len(records)
+    mean_length = sum(lengths) / max(len(lengths), 1)
+    return {
+        "rollout/turns_mean": sum(r["turns"] for r in records) / count,
+        "rollout/tool_calls_mean": sum(r["tool_calls"] for r in records) / count,
+        "rollout/tool_errors": sum(r["tool_errors"] for r in records),
+        "rollout/env_timeouts": sum(r["status"] == "env_timeout" for r in records),
+        "rollout/env_errors": sum(r["status"] == "env_error" for r in records),
+        "rollout/trajectory_tokens_max_over_mean": max(lengths, default=0) / mean_length
+        if mean_length
+        else 1.0,
+    }
 
 
 def streams_rewards(cfg) -> bool:

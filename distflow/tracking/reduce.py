@@ -39,15 +39,18 @@ REDUCTIONS: tuple[tuple[re.Pattern, Reduction], ...] = tuple(
         (r"/min$|_min$", MIN),
         # The oldest weights behind any sample; the slowest rank's time is the step's time.
         (r"^rollout/weight_version$", MIN),
+        (r"^rollout/trajectory_tokens_max_over_mean$", MAX),  # the most uneven engine's trajectories
         (r"^(rollout|sync)/seconds$|^timing_s/", MAX),
         (r"^perf/(max_memory_\w+|cpu_memory_used)_gb$", MAX),  # the fullest rank is the one that runs out
         (
-            r"^rollout/(tokens|samples|stale_dropped|engine_restarts)$|^reward/(errors|timeouts|samples)$|^advantage/samples$",
+            r"^rollout/(tokens|samples|stale_dropped|engine_restarts|tool_errors|env_timeouts|env_errors)$"
+            r"|^reward/(errors|timeouts|samples)$|^advantage/samples$",
             SUM,
         ),
         # Rollout / reward means are over each engine owner's own samples: weight by its sample count.
         (
             r"^rollout/(response|prompt)_length/(mean|clip_ratio)$|^rollout/(staleness_mean|partial_fraction)$"
+            r"|^rollout/(turns_mean|tool_calls_mean)$"
             r"|^perf/scored_during_generation$",
             _weighted_by("rollout/samples"),
         ),

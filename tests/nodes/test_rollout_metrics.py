@@ -30,7 +30,9 @@ def test_generate_records_lengths_and_counts():
 
     engine = SimpleNamespace(weight_version=2, balance_stats=None, generate=generate)
     ctx = NodeContext(
-        SimpleNamespace(rollout=SimpleNamespace(max_new_tokens=8, partial=False, engine_restarts=0)),
+        SimpleNamespace(
+            rollout=SimpleNamespace(max_new_tokens=8, partial=False, engine_restarts=0, env=None)
+        ),
         None,
         0,
         SimpleNamespace(eos_token_id=0),

@@ -32,7 +32,14 @@ class ChunkRun:
 
 
 def generate_claimed_chunks(
-    engine, board, seed_of_home, budget_tokens: int, on_chunk=None, adopt_orphans: bool = False, **sampling
+    engine,
+    board,
+    seed_of_home,
+    budget_tokens: int,
+    on_chunk=None,
+    adopt_orphans: bool = False,
+    generate_fn=sglang_engine.generate_async,
+    **sampling,
 ) -> ChunkRun:
     """Runs chunks from `board.claim()` on `engine` until it returns None.
 
@@ -44,6 +51,8 @@ def generate_claimed_chunks(
     is left to claim this engine adopts dead engines' orphans (board.claim_orphan) until the round is done;
     if this engine dies, the run returns with `died` and `unfinished` set instead of raising. Without it,
     engine death raises EngineDiedError.
+    generate_fn: sglang_engine.generate_async, or a multi-turn TrajectoryRunner's (the board then holds
+    TrajectoryPrompts, which it passes on as they are).
     """
     # Unseeded samples do not depend on their batch mates' seeds; seeded ones may (see the module doc).
     one_at_a_time = seed_of_home is not None and sglang_engine.sampling_depends_on_batch(engine)
@@ -53,9 +62,7 @@ def generate_claimed_chunks(
     def start(chunk, prompts) -> int:
         seed = None if seed_of_home is None else seed_of_home(chunk.home)
         task = asyncio.ensure_future(
-            sglang_engine.generate_async(
-                engine, prompts, seed=seed, first_prompt_index=chunk.first_prompt, **sampling
-            )
+            generate_fn(engine, prompts, seed=seed, first_prompt_index=chunk.first_prompt, **sampling)
         )
         pending[task] = (chunk, prompts)
         result.peak_in_flight = max(result.peak_in_flight, len(pending))

@@ -86,6 +86,14 @@ class RolloutSample:
     routed_experts: np.ndarray | None = None
     """MoE engines started with enable_return_routed_experts: the experts the engine routed each token of
     prompt + response to, int32 [tokens - 1, layers * top_k] (the last token was never fed back); else None."""
+    loss_mask: list[int] | None = None
+    """Multi-turn trajectories (rollout.env): 1 on each response token the policy generated, 0 on the
+    environment's (tool outputs, turn markers); None: every response token is the policy's."""
+    final_turn: int = 0
+    """Where the policy's last turn starts in response_ids (what an outcome scorer reads; 0: all of it)."""
+    env: dict | None = None
+    """Multi-turn: turns, tool_calls, tool_errors, status (done, max_turns, length, env_error, env_timeout)
+    and, for an error, its message."""
 
 
 def start_engine(

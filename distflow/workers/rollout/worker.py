@@ -30,6 +30,7 @@ from distflow.workers.rollout import (
     chunked_generation,
     engine_health,
     multi_node_engine,
+    multi_turn,
     partial_generation,
     sglang_engine,
     work_stealing,
@@ -55,6 +56,10 @@ class SampleInfo:
     token_versions: list[int] | None = None
     """Partial rollouts: the version that sampled each response token (a weight update fell inside the
     generation); None: every token weight_version."""
+    final_turn: int = 0
+    """Multi-turn: where the policy's last turn starts in response_ids (outcome scorers read from there)."""
+    env: dict | None = None
+    """Multi-turn: the trajectory's record (turns, tool_calls, tool_errors, status; RolloutSample.env)."""
 
 
 def placement_device(cfg) -> str:
@@ -62,10 +67,19 @@ def placement_device(cfg) -> str:
 
 
 class RolloutWorker:
-    def __init__(self, cfg, placement, rank: int, model_path: str, weight_loaders: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        cfg,
+        placement,
+        rank: int,
+        model_path: str,
+        weight_loaders: tuple[str, ...] = (),
+        trajectories: multi_turn.TrajectoryRunner | None = None,
+    ):
         """weight_loaders: the engine-side weight loaders (SGLang custom_weight_loader names) that the run's
-        weight sync loads through (nodes/sync.WeightSync.engine_loaders); added to rollout.sglang's."""
-        self.cfg, self.rank = cfg, rank
+        weight sync loads through (nodes/sync.WeightSync.engine_loaders); added to rollout.sglang's.
+        trajectories (rollout.env): every generation is multi-turn, through this runner."""
+        self.cfg, self.rank, self.trajectories = cfg, rank, trajectories
         self.engine_index = placement.engine_of(rank)
         self.owner = placement.owns_engine(rank)
         self.engine = None
@@ -177,6 +191,13 @@ class RolloutWorker:
             outs = in_flight.result()
         elif chunked:
             outs = self._generate_chunks(prompts, step, greedy, sampling, group_done)
+        elif self.trajectories is not None:  # multi-turn: not streamed (a trajectory ends when its env says)
+            outs = self.trajectories.generate(
+                self.engine,
+                trajectory_prompts(prompts),
+                seed=self.sampling_seed(self.engine_index, step, greedy),
+                **sampling,
+            )
         else:
             outs = sglang_engine.generate(
                 self.engine,
@@ -235,10 +256,13 @@ class RolloutWorker:
         """This partition's samples (prompt-major, as sglang_engine.generate) through claimed chunks;
         on_group(prompt_index, samples) for each prompt of the chunks of its own this engine generates."""
         r = self.cfg.rollout
-        prompt_ids = [list(p.input_ids) for p in prompts]
+        # what the board hands to whichever engine claims a chunk: ids, or what a trajectory starts from
+        prompt_ids = (
+            [list(p.input_ids) for p in prompts] if self.trajectories is None else trajectory_prompts(prompts)
+        )
         chunks = work_stealing.split_into_chunks(
             self.engine_index,
-            [len(p) for p in prompt_ids],
+            [len(p.input_ids) for p in prompts],
             sampling["n"],
             r.max_new_tokens,
             r.balance_chunk_prompts,
@@ -261,6 +285,9 @@ class RolloutWorker:
             r.balance_outstanding_tokens,
             on_chunk=None if on_group is None else _per_prompt(self.engine_index, sampling["n"], on_group),
             adopt_orphans=r.engine_restarts > 0,
+            generate_fn=sglang_engine.generate_async
+            if self.trajectories is None
+            else self.trajectories.generate_async,
             **sampling,
         )
         if run.died is not None:  # the live engines generate what it had left; it restarts meanwhile
@@ -385,7 +412,10 @@ def pack_samples(prompts, samples, base: int, routes_width: int | None = None) -
         groups.append(base + s.prompt_index)
         tokens.append(torch.tensor(seq, dtype=torch.long))
         mask = torch.zeros(len(seq), dtype=torch.float32)
-        mask[len(prompt.input_ids) :] = 1.0
+        # the policy's own tokens (multi-turn: not the environment's, which sit between its turns)
+        mask[len(prompt.input_ids) :] = (
+            1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=torch.float32)
+        )
         masks.append(mask)
         lp = torch.zeros(len(seq), dtype=torch.float32)
         lp[len(prompt.input_ids) :] = torch.tensor(s.logprobs, dtype=torch.float32)
@@ -401,6 +431,8 @@ def pack_samples(prompts, samples, base: int, routes_width: int | None = None) -
             prompt.extra_info,
             s.weight_version,
             s.token_versions,
+            s.final_turn,
+            s.env,
         )
     fields = {"input_ids": tokens, "response_mask": masks, "rollout_logprobs": logprobs}
     if routes_width is not None:
@@ -438,6 +470,17 @@ def engine_log_path(cfg, engine_index: int, node_rank: int = 0) -> Path:
     (a multi-node engine's later nodes: engine<i>.node<k>.log)."""
     suffix = f".node{node_rank}" if node_rank else ""
     return Path(cfg.trainer.output_dir) / "engine_logs" / f"engine{engine_index}{suffix}.log"
+
+
+def trajectory_prompts(prompts) -> list:
+    """What each prompt's trajectory starts from: its ids, and the row its environment resets with."""
+    return [
+        multi_turn.TrajectoryPrompt(
+            list(p.input_ids),
+            {"ground_truth": p.ground_truth, "data_source": p.data_source, "extra_info": p.extra_info},
+        )
+        for p in prompts
+    ]
 
 
 def routes_width(model_path) -> int:
