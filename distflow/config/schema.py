@@ -148,7 +148,7 @@ class RolloutConfig:
     env: Optional[str] = option(
         None,
         "Multi-turn rollouts: the environment that answers the policy between its turns: a built-in "
-        "(single_turn, calculator, lookup) or a user class 'module:Class' / 'path/file.py:Class' "
+        "(single_turn, calculator, python, lookup) or a user class 'module:Class' / 'path/file.py:Class' "
         "(distflow/envs). null: one response per prompt.",
     )
     max_turns: int = option(1, "Multi-turn: the most policy turns in a trajectory (rollout.env).")

@@ -2,6 +2,9 @@
 
 single_turn: the trajectory ends after the first model turn (today's rollout, as an environment).
 calculator: a tool `calculator(expression)` evaluating +, -, *, /, //, %, ** and parentheses on numbers.
+python: a tool `python(code)` running the code in a sandboxed interpreter (python_sandbox.py: CPU time,
+memory, wall-clock and output limits, no processes, no network, a scratch directory); it answers with the
+code's output, or with how it failed.
 lookup: a tool `lookup(key)` reading the prompt's own table (extra_info["table"]): the toy task whose
 answer can only be known through the tool (tools/prepare_data.py lookup).
 With a tool environment, a turn without a tool call is the final answer and ends the trajectory.
@@ -11,6 +14,7 @@ import ast
 import operator
 
 from distflow.envs.base import Action, Environment, StepResult, ToolCall
+from distflow.envs.python_sandbox import SandboxLimits, run_python
 from distflow.envs.tool_parsers import MALFORMED
 
 
@@ -100,6 +104,19 @@ class Calculator(ToolEnvironment):
         return {"calculator": lambda expression: evaluate(expression)}
 
 
+class Python(ToolEnvironment):
+    LIMITS = SandboxLimits(cpu_seconds=5, wall_seconds=10, memory_mb=512, output_bytes=4096)
+
+    def tools(self) -> dict:
+        return {"python": self._run}
+
+    def _run(self, code):
+        result = run_python(str(code), self.LIMITS)
+        if result.status != "ok":  # the policy reads why (a traceback's last lines, the limit it hit)
+            raise ToolError(f"{result.status}: {result.stderr.strip()[-500:]}")
+        return result.stdout
+
+
 class Lookup(ToolEnvironment):
     def reset(self, sample) -> None:
         self.table = dict((sample.get("extra_info") or {}).get("table") or {})
@@ -113,4 +130,4 @@ class Lookup(ToolEnvironment):
         return self.table[str(key)]
 
 
-BUILTIN = {"single_turn": SingleTurn, "calculator": Calculator, "lookup": Lookup}
+BUILTIN = {"single_turn": SingleTurn, "calculator": Calculator, "python": Python, "lookup": Lookup}

@@ -4,7 +4,7 @@ path with named errors, and the chat template's tool turn as tokens. Pure: no en
 import pytest
 
 from distflow.envs import Action, EnvError, Environment, StepResult, ToolCall, load_environment
-from distflow.envs.builtin import Calculator, Lookup, SingleTurn, evaluate
+from distflow.envs.builtin import Calculator, Lookup, Python, SingleTurn, evaluate
 from distflow.envs.loading import load_tool_parser
 from distflow.envs.observations import ObservationEncoder
 from distflow.envs.tool_parsers import MALFORMED, HermesToolParser, Llama3JsonToolParser, template_mismatch
@@ -93,7 +93,10 @@ class NeedsArguments(Environment):
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("calculater", "rollout.env='calculater' is not a built-in (calculator, lookup, single_turn)"),
+        (
+            "calculater",
+            "rollout.env='calculater' is not a built-in (calculator, lookup, python, single_turn)",
+        ),
         ("no_such_module_x:Env", "cannot import module 'no_such_module_x'"),
         ("tests.envs.test_envs:Missing", "has no function 'Missing'"),
         ("tests.envs.test_envs:NoStep", "the class NoStep lacks step"),
@@ -155,3 +158,18 @@ def test_a_released_qwen_template_renders_the_tool_turn_as_a_user_turn():
         text
         == "\n<|im_start|>user\n<tool_response>\nblue\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_the_python_tool_answers_with_output_or_the_failure():
+    env = Python()
+    env.reset({})
+    calls = (
+        ToolCall("python", {"code": "print(sum(range(10)))"}),
+        ToolCall("python", {"code": "import socket; socket.create_connection(('127.0.0.1', 9))"}),
+        ToolCall("python", {"code": "1/0"}),
+    )
+    result = env.step(Action("", calls))
+    lines = result.observation.split("\n")
+    assert lines[0] == "45"
+    assert lines[2].startswith("error: blocked:") and "ZeroDivisionError" in result.observation
+    assert result.info == {"tool_calls": 3, "tool_errors": 2}
