@@ -29,7 +29,11 @@ def main(argv=None) -> dict:
         default=None,
         help="each string's length uniform in [min-digits, digits] (default: all of --digits)",
     )
-    for generated in (sym, copy):
+    lookup = modes.add_parser(
+        "lookup", help="the toy task that needs the lookup tool (data_source distflow/lookup)"
+    )
+    lookup.add_argument("--digits", type=int, default=3, help="digits of each value")
+    for generated in (sym, copy, lookup):
         generated.add_argument("--train", type=int, required=True, help="training rows")
         generated.add_argument("--test", type=int, required=True, help="test rows (never in train)")
         generated.add_argument("--seed", type=int, default=1)
@@ -50,6 +54,8 @@ def main(argv=None) -> dict:
         rows = preparation.gsm_symbolic_rows(args.train, args.test, args.seed, args.difficulty)
     elif args.mode == "copy":
         rows = preparation.copy_rows(args.digits, args.train, args.test, args.seed, args.min_digits)
+    elif args.mode == "lookup":
+        rows = preparation.lookup_rows(args.train, args.test, args.seed, args.digits)
     else:
         to_rows = preparation.gsm8k_rows if args.mode == "gsm8k" else preparation.math_rows
         records = preparation.read_records(args.input)

@@ -20,6 +20,7 @@ MATH_INSTRUCTION = "Let's think step by step and output the final answer within 
 GSM8K_SOURCE = "openai/gsm8k"
 MATH_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 COPY_SOURCE = "distflow/copy"
+LOOKUP_SOURCE = "distflow/lookup"
 
 
 def schema_row(
@@ -146,6 +147,37 @@ def copy_rows(
     for i, text in enumerate(texts):
         split = "train" if i < train else "test"
         rows[split].append(schema_row(text, text, COPY_SOURCE, split, len(rows[split]), "copy"))
+    return rows
+
+
+def lookup_rows(train: int, test: int, seed: int, digits: int = 3) -> dict[str, list[dict]]:
+    """The toy task that needs its tool (rollout.env=lookup): the prompt names a key, the prompt's own table
+    (extra_info.table: [{key, value}] entries, which only the `lookup` tool reads) holds its value, a random `digits`-digit string,
+    and the answer is that value: no policy can know it without the call. extra_info.sft_turns is the
+    demonstration a supervised warm-up imitates: the call, the tool's answer, the value."""
+    rng = random.Random(seed)
+    rows = {"train": [], "test": []}
+    for i in range(train + test):
+        split = "train" if i < train else "test"
+        key, value = f"k{rng.randrange(100)}", str(rng.randrange(10**digits)).zfill(digits)
+        call = json.dumps({"name": "lookup", "arguments": {"key": key}})
+        turns = [
+            {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
+            {"role": "tool", "content": value},
+            {"role": "assistant", "content": value},
+        ]
+        rows[split].append(
+            schema_row(
+                f"lookup {key}",
+                value,
+                LOOKUP_SOURCE,
+                split,
+                len(rows[split]),
+                "tool",
+                table=[{"key": key, "value": value}],
+                sft_turns=turns,
+            )
+        )
     return rows
 
 

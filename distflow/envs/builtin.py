@@ -5,7 +5,8 @@ calculator: a tool `calculator(expression)` evaluating +, -, *, /, //, %, ** and
 python: a tool `python(code)` running the code in a sandboxed interpreter (python_sandbox.py: CPU time,
 memory, wall-clock and output limits, no processes, no network, a scratch directory); it answers with the
 code's output, or with how it failed.
-lookup: a tool `lookup(key)` reading the prompt's own table (extra_info["table"]): the toy task whose
+lookup: a tool `lookup(key)` reading the prompt's own table (extra_info["table"]: a dict, or [{key, value}]
+entries): the toy task whose
 answer can only be known through the tool (tools/prepare_data.py lookup).
 With a tool environment, a turn without a tool call is the final answer and ends the trajectory.
 """
@@ -119,7 +120,10 @@ class Python(ToolEnvironment):
 
 class Lookup(ToolEnvironment):
     def reset(self, sample) -> None:
-        self.table = dict((sample.get("extra_info") or {}).get("table") or {})
+        table = (sample.get("extra_info") or {}).get("table") or {}
+        if isinstance(table, list):  # [{key, value}] entries: how a parquet row keeps a table of any keys
+            table = {entry["key"]: entry["value"] for entry in table}
+        self.table = {str(k): str(v) for k, v in table.items()}
 
     def tools(self) -> dict:
         return {"lookup": self._lookup}

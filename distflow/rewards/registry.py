@@ -42,6 +42,7 @@ DATA_SOURCE_SCORERS = {
     "math": "math",
     "math_dapo": "math_dapo",  # BytedTsinghua-SIA/DAPO-Math-17k and AIME-2024 (DAPO's own files)
     "distflow/copy": "copy",
+    "distflow/lookup": "copy",  # the answer is the looked-up value, copied exactly
 }
 # reward.name=auto, after an exact match failed: data_source prefix (compared in lower case) -> built-in name.
 # AIME files name themselves "aime24", "aime_2025", "AIME2024", ...; verl routes "aime*" to DAPO's scorer too.

@@ -38,6 +38,35 @@ def test_copy(prepare, tmp_path):
         prepare("copy", "--out", tmp_path, "--digits", 1, "--train", 8, "--test", 3)
 
 
+def test_lookup(prepare, tmp_path):
+    """The task that needs its tool: the value is in the prompt's own table only, and the row carries the
+    demonstration the warm-up imitates; its reward is the copy score of the final answer against the value."""
+    paths = prepare("lookup", "--out", tmp_path, "--train", 30, "--test", 5, "--seed", 3)
+    train = load(paths["train"])
+    assert len(train) == 30 and len(load(paths["test"])) == 5
+    for p in train:
+        key = p.messages[0]["content"].removeprefix("lookup ")
+        assert p.data_source == "distflow/lookup" and p.extra_info["table"] == [
+            {"key": key, "value": p.ground_truth}
+        ]
+        assert p.ground_truth not in p.messages[0]["content"]
+        call, answer, final = p.extra_info["sft_turns"]
+        assert json.loads(call["content"].removeprefix("<tool_call>").removesuffix("</tool_call>")) == {
+            "name": "lookup",
+            "arguments": {"key": key},
+        }
+        assert answer == {"role": "tool", "content": p.ground_truth} and final["content"] == p.ground_truth
+    assert len({p.ground_truth for p in train}) > 20  # values are random: only the tool knows them
+    pool = RewardPool("auto", num_workers=0)
+    rewards, _ = pool.score_batch(
+        [
+            RewardSample("582", "582", "distflow/lookup", True),
+            RewardSample("58", "582", "distflow/lookup", True),
+        ]
+    )
+    assert rewards == [1.0, 0.5]
+
+
 def test_copy_of_many_lengths(prepare, tmp_path):
     """--min-digits: string lengths spread over [min, digits] (responses of many lengths), still distinct."""
     paths = prepare(
