@@ -19,12 +19,14 @@ PREPARED_SOURCES = {
     "gsm_symbolic": preparation.GSM8K_SOURCE,
     "math": preparation.MATH_SOURCE,
     "copy": preparation.COPY_SOURCE,
+    "lookup": preparation.LOOKUP_SOURCE,
 }
 # data_source -> a correct answer in its prompts' format and the ground truth (DAPO's prompts ask for "Answer:")
 FORMATTED_ANSWERS = {
     preparation.GSM8K_SOURCE: ("3 + 4 = 7\n#### 7", "7"),
     preparation.MATH_SOURCE: ("so \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
     preparation.COPY_SOURCE: ("1234", "1234"),
+    preparation.LOOKUP_SOURCE: ("064", "064"),  # the final turn: the looked-up value
     "math_dapo": ("The sum is 34.\nAnswer: 34", "34"),
 }
 
