@@ -123,6 +123,16 @@ def test_trajectories_interleave_policy_and_environment_tokens(engine, tokenizer
                 assert lp == pytest.approx(float(reference[start + k - 1]), abs=1e-3), (k, s.response_ids)
 
 
+def test_seeded_trajectories_are_the_same_every_time(engine, tokenizer):
+    """Seeded sampling on this engine depends on the batch (the CPU stand-in): its turns are sent one at a
+    time, so two runs give the same trajectories, token for token."""
+    run = runner(tokenizer, Echo)
+    first, second = (run.generate(engine, prompts(), n=2, seed=11, **SAMPLING) for _ in range(2))
+    assert [s.response_ids for s in first] == [s.response_ids for s in second]
+    assert [s.logprobs for s in first] == [s.logprobs for s in second]
+    assert len({tuple(s.response_ids) for s in first}) == 4  # the samples of a prompt differ
+
+
 def test_the_token_budget_ends_a_trajectory(engine, tokenizer):
     samples = runner(tokenizer, Echo, max_turns=10, max_total_tokens=30).generate(
         engine, prompts(), n=1, seed=3, **SAMPLING
