@@ -76,18 +76,25 @@ def copy_job_args(model, data, out_dir=None) -> list[str]:
     ]
 
 
-def disaggregated_test_job_args(model, data) -> list[str]:
-    """distflow.train's arguments for the small disaggregated jobs of the tests (one training rank, one
-    engine rank: 2 processes), before each test's own: 4 prompts x 4 samples of at most 6 tokens, one
-    warm-up step, no validation, no HF export."""
+def small_test_job_args(model, data, out_dir=None) -> list[str]:
+    """distflow.train's arguments for the small jobs of the tests, before each test's own: the main job's
+    shape (2 ranks, actor TP=2, an engine each) on 4 prompts x 4 samples of at most 6 tokens, one warm-up
+    step, no validation, no HF export."""
     return [
-        *copy_job_args(model, data),
-        "rollout.placement=disaggregated",
-        "rollout.num_ranks=1",
-        "actor.tp=1",
+        *copy_job_args(model, data, out_dir),
         "trainer.sft_warmup_steps=1",
         "data.train_batch_size=4",
         "rollout.n=4",
         "rollout.max_new_tokens=6",
         "checkpoint.export_hf=false",
+    ]
+
+
+def disaggregated_test_job_args(model, data) -> list[str]:
+    """small_test_job_args, disaggregated: one training rank, one engine rank."""
+    return [
+        *small_test_job_args(model, data),
+        "rollout.placement=disaggregated",
+        "rollout.num_ranks=1",
+        "actor.tp=1",
     ]

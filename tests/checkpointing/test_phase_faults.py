@@ -16,7 +16,7 @@ import time
 import pytest
 
 from distflow.checkpointing.directory import CheckpointDirectory, structure_problems
-from distflow.testing.copy_task import comparable_metrics, copy_task, metrics_rows
+from distflow.testing.copy_task import comparable_metrics, copy_task, metrics_rows, small_test_job_args
 from distflow.testing.launch import torchrun
 from distflow.testing.phase_faults import fault_env
 
@@ -39,22 +39,12 @@ def run_job(task, out, node, sig, *extra, rank=1):
         max_restarts=1,
         env=fault_env(node, step=2, rank=rank, sig=sig),
         args=[
-            "examples/configs/grpo_copy_cpu.yaml",
-            f"model.path={model}",
-            f"data.train_files=[{data}/train.parquet]",
-            "data.val_files=[]",
-            "trainer.val_every=0",
-            "data.train_batch_size=4",
-            "rollout.n=4",
-            "rollout.max_new_tokens=6",
-            "trainer.sft_warmup_steps=1",
+            *small_test_job_args(model, data, out),
             "trainer.total_steps=3",
             "checkpoint.save_every=1",
             "checkpoint.keep_last=3",
-            "checkpoint.export_hf=false",
             f"trainer.dist_timeout_s={BOUND_S}",
             "dag.pipeline=distflow.testing.phase_faults:pipeline",
-            f"trainer.output_dir={out}",
             *extra,
         ],
     )

@@ -6,7 +6,7 @@ were among them; the turn metrics are logged."""
 
 import pytest
 
-from distflow.testing.copy_task import copy_task, metrics_rows
+from distflow.testing.copy_task import copy_task, metrics_rows, small_test_job_args
 from distflow.testing.launch import torchrun
 
 
@@ -20,21 +20,11 @@ def test_grpo_steps_on_multi_turn_trajectories(tmp_path):
         module=True,
         timeout_s=600,
         args=[
-            "examples/configs/grpo_copy_cpu.yaml",
-            f"model.path={model}",
-            f"trainer.output_dir={out}",
-            f"data.train_files=[{data}/train.parquet]",
-            "data.val_files=[]",
-            "trainer.val_every=0",
-            "data.train_batch_size=4",
-            "rollout.n=4",
-            "rollout.max_new_tokens=6",
+            *small_test_job_args(model, data, out),
             "rollout.env=distflow.testing.echo_env:Echo",
             "rollout.max_turns=3",
             "rollout.max_total_tokens=80",
-            "trainer.sft_warmup_steps=1",
             "trainer.total_steps=2",
-            "checkpoint.export_hf=false",
         ],
     )
     rows = metrics_rows(out)

@@ -45,6 +45,11 @@ class FailsOnTurn2(Echo):
         return super().step(action)
 
 
+class FailsToReset(Echo):
+    def reset(self, sample):
+        raise FileNotFoundError("corpus.idx")
+
+
 class StallsOnTurn2(Echo):
     def step(self, action):
         if self.turn == 1:
@@ -148,7 +153,7 @@ def test_the_token_budget_ends_a_trajectory(engine, tokenizer):
     "env_class, status, reason",
     [
         (FailsOnTurn2, "env_error", 'KeyError: "the tool\'s index is gone"'),
-        (StallsOnTurn2, "env_timeout", "over 1 s"),
+        (StallsOnTurn2, "env_timeout", "step took over 1 s"),
     ],
 )
 def test_an_environment_failure_ends_only_its_trajectory(engine, tokenizer, env_class, status, reason):
@@ -158,3 +163,10 @@ def test_an_environment_failure_ends_only_its_trajectory(engine, tokenizer, env_
     for s in samples:
         assert s.env["status"] == status and reason in s.env["error"], s.env
         assert s.env["turns"] == 2 and [m for m, _ in turns_of(s)] == [1, 0, 1], s.env  # ended after turn 2
+
+
+def test_an_environment_that_cannot_reset_gives_an_empty_trajectory(engine, tokenizer):
+    samples = runner(tokenizer, FailsToReset).generate(engine, prompts(), n=1, seed=5, **SAMPLING)
+    for s in samples:
+        assert s.env["status"] == "env_error" and "reset: FileNotFoundError: corpus.idx" in s.env["error"]
+        assert s.response_ids == [] and s.env["turns"] == 0

@@ -89,12 +89,11 @@ class TrajectoryRunner:
         )
 
     async def _trajectory(self, engine, prompt, index, params, processor, version, one_at_a_time):
-        env = self.env_class()
         record = {"turns": 0, "tool_calls": 0, "tool_errors": 0, "status": "max_turns"}
         response, mask, logprobs, final_turn, finish = [], [], [], 0, "stop"
-        env.reset(dict(prompt.sample, prompt_index=index))
         per_turn = params["max_new_tokens"]
-        for turn in range(self.max_turns):
+        env = await self._bounded(record, "reset", self._new_env, dict(prompt.sample, prompt_index=index))
+        for turn in range(self.max_turns if env is not None else 0):
             budget = self.max_total_tokens - len(response)
             if budget <= 0:
                 record["status"], finish = "length", "length"
@@ -122,13 +121,8 @@ class TrajectoryRunner:
                 break
             text = self.encoder.tokenizer.decode(ids, skip_special_tokens=True)
             action = Action(text, tuple(self.parser.parse(text)))
-            try:
-                result = await asyncio.wait_for(asyncio.to_thread(env.step, action), self.env_timeout_s)
-            except asyncio.TimeoutError:
-                record.update(status="env_timeout", error=f"step took over {self.env_timeout_s:g} s")
-                break
-            except Exception as err:  # the environment's own failure ends this trajectory, not the run
-                record.update(status="env_error", error=f"{type(err).__name__}: {err}")
+            result = await self._bounded(record, "step", env.step, action)
+            if result is None:
                 break
             record["tool_calls"] += int(result.info.get("tool_calls", len(action.tool_calls)))
             record["tool_errors"] += int(result.info.get("tool_errors", 0))
@@ -158,6 +152,22 @@ class TrajectoryRunner:
             final_turn=final_turn,
             env=record,
         )
+
+    def _new_env(self, sample):
+        env = self.env_class()
+        env.reset(sample)
+        return env
+
+    async def _bounded(self, record: dict, what: str, fn, *args):
+        """fn(*args) in a worker thread within rollout.env_timeout_s; None, with the reason in `record`,
+        when it raised or ran over (the environment's failure ends its trajectory, not the run)."""
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(fn, *args), self.env_timeout_s)
+        except asyncio.TimeoutError:
+            record.update(status="env_timeout", error=f"{what} took over {self.env_timeout_s:g} s")
+        except Exception as err:
+            record.update(status="env_error", error=f"{what}: {type(err).__name__}: {err}")
+        return None
 
 
 def runner_for(cfg, tokenizer) -> TrajectoryRunner | None:
