@@ -17,7 +17,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class JobFailed(RuntimeError):
-    pass
+    """A job that failed or timed out; its message ends with the output's last lines, `output` holds all of
+    it (an engine's log tail, printed after a rank's error, can push that error out of the last lines)."""
+
+    def __init__(self, message: str, output: str = ""):
+        super().__init__(message)
+        self.output = output
 
 
 def torchrun(
@@ -73,9 +78,9 @@ def run(cmd, timeout_s: float = 300, env: dict | None = None, cwd: str | None = 
         log.seek(0)
         out = log.read()
     if timed_out:
-        raise JobFailed(f"timed out after {timeout_s:.0f} s: {' '.join(map(str, cmd))}\n{_tail(out)}")
+        raise JobFailed(f"timed out after {timeout_s:.0f} s: {' '.join(map(str, cmd))}\n{_tail(out)}", out)
     if proc.returncode != 0:
-        raise JobFailed(f"exit code {proc.returncode}: {' '.join(map(str, cmd))}\n{_tail(out)}")
+        raise JobFailed(f"exit code {proc.returncode}: {' '.join(map(str, cmd))}\n{_tail(out)}", out)
     return out
 
 

@@ -183,7 +183,7 @@ def test_an_engine_dying_with_partial_rollouts_in_flight_stops_every_rank(task):
             env=env,
         )
     seconds = time.monotonic() - start
-    log = str(failed.value)
+    log = failed.value.output  # all of it: the engine's log tail follows the rank's error
     # Submitting rollout 4 fails at once if the engine's monitor saw the death already; otherwise step 2's
     # weight sync, which interrupts rollouts 3 and 4 in flight, finds the engine dead. Either way every rank
     # stops with the engine's error: its submitted requests died with it, so it is not restarted in place.
