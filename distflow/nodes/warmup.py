@@ -7,6 +7,7 @@ point; RL then has to do the rest. A multi-turn task's rows carry a demonstratio
 (extra_info.sft_turns: the tool call, the tool's answer, the final answer), trained on its policy turns. Real runs start from an instruct model and leave this at 0.
 """
 
+import functools
 import random
 
 import torch
@@ -54,7 +55,7 @@ def demonstration(tokenizer, prompt) -> tuple[list[int], list[float]]:
     if not turns:
         answer = tokenizer.encode(str(prompt.ground_truth), add_special_tokens=False) + [eos]
         return answer, [1.0] * len(answer)
-    encoder = ObservationEncoder(tokenizer)
+    encoder = _encoder(tokenizer)
     ids, mask = [], []
     for turn in turns:
         if turn["role"] == "assistant":
@@ -64,6 +65,11 @@ def demonstration(tokenizer, prompt) -> tuple[list[int], list[float]]:
             answer = encoder.ids(turn["content"], turn_ended=True)
             ids, mask = ids + answer, mask + [0.0] * len(answer)
     return ids, mask
+
+
+@functools.cache  # one per tokenizer (identity-hashed): it renders the chat template twice to build
+def _encoder(tokenizer) -> ObservationEncoder:
+    return ObservationEncoder(tokenizer)
 
 
 def reference_from_actor(actor, ref) -> None:
