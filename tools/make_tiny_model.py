@@ -19,6 +19,11 @@ def main(argv=None) -> None:
         default="default",
         help="rope settings; llama3: Llama 3.1's rope scaling (factor 8 from 8K positions)",
     )
+    parser.add_argument(
+        "--tool-calls",
+        action="store_true",
+        help="train the tokenizer on Hermes tool calls too (multi-turn tool tasks: a ~20-token call)",
+    )
     for name, default in DEFAULT_SIZES.items():
         kind = str if name == "dtype" else int
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=default)

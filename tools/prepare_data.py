@@ -33,6 +33,7 @@ def main(argv=None) -> dict:
         "lookup", help="the toy task that needs the lookup tool (data_source distflow/lookup)"
     )
     lookup.add_argument("--digits", type=int, default=3, help="digits of each value")
+    lookup.add_argument("--keys", type=int, default=10, help="keys 0..keys-1 named by the prompts")
     for generated in (sym, copy, lookup):
         generated.add_argument("--train", type=int, required=True, help="training rows")
         generated.add_argument("--test", type=int, required=True, help="test rows (never in train)")
@@ -55,7 +56,7 @@ def main(argv=None) -> dict:
     elif args.mode == "copy":
         rows = preparation.copy_rows(args.digits, args.train, args.test, args.seed, args.min_digits)
     elif args.mode == "lookup":
-        rows = preparation.lookup_rows(args.train, args.test, args.seed, args.digits)
+        rows = preparation.lookup_rows(args.train, args.test, args.seed, args.digits, args.keys)
     else:
         to_rows = preparation.gsm8k_rows if args.mode == "gsm8k" else preparation.math_rows
         records = preparation.read_records(args.input)

@@ -369,6 +369,12 @@ class RewardConfig:
         10.0, "Per-sample scorer timeout; a timeout scores 0 and counts in reward/timeouts."
     )
     num_workers: int = option(2, "Scorer process-pool size.")
+    env_reward_coef: float = option(
+        0.0,
+        "Multi-turn (rollout.env): each trajectory's score gets coef x the sum of its environment's per-step "
+        "rewards (StepResult.reward: per-turn rewards, e.g. a tool call that worked) added to the outcome the "
+        "scorer gives its final turn; 0: the per-step rewards are recorded, not used.",
+    )
     stream: bool = option(
         True,
         "Score each prompt group as soon as its responses have all finished, while the others still "

@@ -101,6 +101,16 @@ def validate(cfg: DistFlowConfig, check_passthrough: bool = True) -> DistFlowCon
             f"rollout.max_turns={r.max_turns} needs rollout.env: between turns an environment answers the policy "
             "(e.g. rollout.env=calculator)"
         )
+    if cfg.reward.env_reward_coef and r.env is None:
+        raise ConfigError(
+            f"reward.env_reward_coef={cfg.reward.env_reward_coef} needs rollout.env: the per-step rewards it "
+            "weighs come from an environment (or set it to 0)"
+        )
+    if cfg.reward.env_reward_coef and cfg.reward.model_path is not None:
+        raise ConfigError(
+            "reward.env_reward_coef applies to the scorer's rewards (reward.name, reward.custom), not to "
+            f"reward.model_path={cfg.reward.model_path}; set one of them"
+        )
     if not 0 < r.top_p <= 1:
         raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
     if r.temperature < 0:

@@ -150,16 +150,20 @@ def copy_rows(
     return rows
 
 
-def lookup_rows(train: int, test: int, seed: int, digits: int = 3) -> dict[str, list[dict]]:
+def lookup_rows(train: int, test: int, seed: int, digits: int = 3, keys: int = 10) -> dict[str, list[dict]]:
     """The toy task that needs its tool (rollout.env=lookup): the prompt names a key, the prompt's own table
     (extra_info.table: [{key, value}] entries, which only the `lookup` tool reads) holds its value, a random `digits`-digit string,
     and the answer is that value: no policy can know it without the call. extra_info.sft_turns is the
-    demonstration a supervised warm-up imitates: the call, the tool's answer, the value."""
+    demonstration a supervised warm-up imitates: the call, the tool's answer, the value. Keys are 0..keys-1:
+    ten one-character keys keep the tiny byte-level model's call short enough to learn on CPU in minutes; the
+    values are what makes the tool necessary, and there are 10**digits of them."""
+    if keys < 1 or digits < 1:
+        raise ValueError(f"keys={keys} and digits={digits} must both be >= 1")
     rng = random.Random(seed)
     rows = {"train": [], "test": []}
     for i in range(train + test):
         split = "train" if i < train else "test"
-        key, value = f"k{rng.randrange(100)}", str(rng.randrange(10**digits)).zfill(digits)
+        key, value = str(rng.randrange(keys)), str(rng.randrange(10**digits)).zfill(digits)
         call = json.dumps({"name": "lookup", "arguments": {"key": key}})
         turns = [
             {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},

@@ -58,7 +58,7 @@ ROPE_VARIANTS = {
 """make_tiny_model's `rope` choices: the rope_parameters written to config.json."""
 
 
-def make_tiny_model(family: str, out_dir, rope: str = "default", **sizes) -> Path:
+def make_tiny_model(family: str, out_dir, rope: str = "default", tool_calls: bool = False, **sizes) -> Path:
     """Writes a tiny `family` model directory to `out_dir` and returns its path.
 
     sizes (all optional, see DEFAULT_SIZES): layers, hidden, heads, kv_heads, ffn (dense FFN and each
@@ -66,6 +66,8 @@ def make_tiny_model(family: str, out_dir, rope: str = "default", **sizes) -> Pat
     except Qwen3 families: 2*hidden/heads, so that head_dim != hidden/heads is exercised as in real Qwen3),
     seed, dtype ("float32" | "bfloat16" | "float16").
     rope: a ROPE_VARIANTS key; "llama3" makes a Llama-3.1-style config (rope scaling, 128K positions).
+    tool_calls: the tokenizer also learns Hermes tool calls (a ~20-token call instead of ~70 bytes), as a
+    real chat model's would; for multi-turn tool tasks (examples/configs/grpo_lookup_cpu.yaml).
     """
     assert family in FAMILIES, f"unknown family {family!r}; choose one of {sorted(FAMILIES)}"
     assert rope in ROPE_VARIANTS, f"unknown rope {rope!r}; choose one of {sorted(ROPE_VARIANTS)}"
@@ -76,7 +78,7 @@ def make_tiny_model(family: str, out_dir, rope: str = "default", **sizes) -> Pat
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = train_tiny_tokenizer(s["vocab"], seed=s["seed"])
+    tokenizer = train_tiny_tokenizer(s["vocab"], seed=s["seed"], tool_calls=tool_calls)
     assert len(tokenizer) <= s["vocab"], f"tokenizer has {len(tokenizer)} tokens > vocab {s['vocab']}"
     token_ids = dict(
         bos_token_id=tokenizer.bos_token_id,

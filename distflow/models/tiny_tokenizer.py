@@ -4,6 +4,7 @@ The corpus is generated from a fixed seed (numbers, arithmetic, short English se
 arguments always give the same vocabulary and merges: tests and rollouts stay reproducible across machines.
 """
 
+import json
 import random
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -47,8 +48,11 @@ _WORDS = (
 ).split()
 
 
-def synthetic_corpus(seed: int, lines: int = 4000) -> list[str]:
-    """Lines of arithmetic, word problems and simple English, drawn from `random.Random(seed)`."""
+def synthetic_corpus(seed: int, lines: int = 4000, tool_calls: bool = False) -> list[str]:
+    """Lines of arithmetic, word problems and simple English, drawn from `random.Random(seed)`; with
+    `tool_calls`, Hermes tool calls after them (the same lines first: the rest of the vocabulary stays close)."""
+    if tool_calls:
+        return synthetic_corpus(seed, lines) + _tool_call_lines(seed, lines // 4)
     rng = random.Random(seed)
     out = []
     for _ in range(lines):
@@ -70,8 +74,24 @@ def synthetic_corpus(seed: int, lines: int = 4000) -> list[str]:
     return out
 
 
-def train_tiny_tokenizer(vocab_size: int, seed: int = 0) -> PreTrainedTokenizerFast:
-    """Trains a byte-level BPE with exactly `vocab_size` entries (specials included) on the seeded corpus."""
+def _tool_call_lines(seed: int, lines: int) -> list[str]:
+    """Hermes-format calls of the built-in tools (distflow/envs/builtin.py), as Qwen2.5's template writes them.
+    Why: a real tokenizer spends ~20 tokens on such a call; a byte-level vocabulary that never saw one spends
+    ~70, and every one of them is a decode step on the CPU engine and a token the tiny policy must learn."""
+    rng = random.Random(seed + 1)
+    out = []
+    for _ in range(lines):
+        a, b = rng.randrange(100), rng.randrange(1, 100)
+        name, arguments = rng.choice(
+            [("lookup", {"key": str(rng.randrange(100))}), ("calculator", {"expression": f"{a} * {b}"})]
+        )
+        out.append(f'<tool_call>{{"name": "{name}", "arguments": {json.dumps(arguments)}}}</tool_call>')
+    return out
+
+
+def train_tiny_tokenizer(vocab_size: int, seed: int = 0, tool_calls: bool = False) -> PreTrainedTokenizerFast:
+    """Trains a byte-level BPE with exactly `vocab_size` entries (specials included) on the seeded corpus
+    (with `tool_calls`: and on tool calls, see _tool_call_lines)."""
     min_size = 256 + len(SPECIAL_TOKENS)  # the byte alphabet plus the specials, before any merge
     assert vocab_size >= min_size, f"vocab_size {vocab_size} too small: a byte-level BPE needs >= {min_size}"
     tok = Tokenizer(models.BPE())
@@ -89,7 +109,7 @@ def train_tiny_tokenizer(vocab_size: int, seed: int = 0) -> PreTrainedTokenizerF
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(synthetic_corpus(seed), trainer=trainer)
+    tok.train_from_iterator(synthetic_corpus(seed, tool_calls=tool_calls), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS_TOKEN,

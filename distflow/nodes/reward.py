@@ -40,6 +40,11 @@ def score_samples(
         **stats,
         "reward/samples": len(rewards),
     }  # reward/samples: the weight of reward/mean over ranks
+    coef = ctx.cfg.reward.env_reward_coef
+    if coef:
+        rewards, metrics["reward/env_mean"] = with_env_rewards(
+            rewards, [samples.infos[i] for i in sample_ids], coef
+        )
     batch = PackedBatch(
         samples.sample_ids,
         samples.groups,
@@ -47,6 +52,13 @@ def score_samples(
         {"rewards": torch.tensor(rewards, dtype=torch.float32)},
     )
     return batch, {k: float(v) for k, v in metrics.items()}
+
+
+def with_env_rewards(rewards: list[float], infos, coef: float) -> tuple[list[float], float]:
+    """(each outcome reward plus coef x its trajectory's summed per-step environment rewards, the mean of
+    the added terms): reward.env_reward_coef. reward/mean stays the scorer's outcome alone."""
+    added = [coef * ((info.env or {}).get("env_reward", 0.0)) for info in infos]
+    return [r + a for r, a in zip(rewards, added, strict=True)], sum(added) / max(len(added), 1)
 
 
 def reward_sample(tokenizer, response_ids, finish_reason: str, source) -> RewardSample:

@@ -54,7 +54,7 @@ REDUCTIONS: tuple[tuple[re.Pattern, Reduction], ...] = tuple(
             r"|^perf/scored_during_generation$",
             _weighted_by("rollout/samples"),
         ),
-        (r"^reward/mean$", _weighted_by("reward/samples")),
+        (r"^reward/(mean|env_mean)$", _weighted_by("reward/samples")),
         (r"^(advantage|reward/shaped)/mean$", _weighted_by("advantage/samples")),
         (r"^dapo/overlong_penalty$", _weighted_by("rollout/samples")),
     )

@@ -71,6 +71,9 @@ def test_wrong_type_names_the_key(override, message):
         (["tracking.backends=[console,mlflow]"], r"tracking\.backends\[1\]='mlflow'"),
         (["actor.tp=0"], r"actor\.tp=0 must be >= 1"),
         (["sync.bucket_mb=0.0001"], r"sync\.bucket_mb=0\.0001 must be at least 1 KiB"),
+        (["reward.env_reward_coef=0.5"], r"reward\.env_reward_coef=0\.5 needs rollout\.env"),
+        (["rollout.max_turns=2"], r"rollout\.max_turns=2 needs rollout\.env"),
+        (["rollout.max_turns=0", "rollout.env=lookup"], r"rollout\.max_turns=0 must be >= 1"),
     ],
 )
 def test_cross_field_checks(overrides, message):

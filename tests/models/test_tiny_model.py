@@ -165,3 +165,18 @@ def hf_greedy(model_dir: Path, prompt_ids: list, new_tokens: int) -> list:
         for _ in range(new_tokens):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
     return ids[len(prompt_ids) :]
+
+
+def test_a_tool_call_tokenizer_spends_few_tokens_on_a_call_and_keeps_the_rest():
+    from distflow.models.tiny_tokenizer import train_tiny_tokenizer
+
+    call = '<tool_call>{"name": "lookup", "arguments": {"key": "7"}}</tool_call>'
+    plain, tools = train_tiny_tokenizer(400), train_tiny_tokenizer(400, tool_calls=True)
+    assert (
+        len(tools.encode(call, add_special_tokens=False))
+        <= 24
+        < len(plain.encode(call, add_special_tokens=False))
+    )
+    assert len(tools) == len(plain) == 400
+    for tokenizer in (plain, tools):  # byte-level: any text round-trips, the call's too
+        assert tokenizer.decode(tokenizer.encode(call, add_special_tokens=False)) == call

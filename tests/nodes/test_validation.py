@@ -60,7 +60,11 @@ def test_validate_per_data_source_and_rows(one_rank_group):
         Prompt(i, [i + 1, i + 2], [], source, Tokenizer().decode([i + 1, i + 2]))
         for i, source in enumerate(sources)
     ]
-    cfg = SimpleNamespace(data=SimpleNamespace(val_batch_size=2), tracking=SimpleNamespace(val_samples=3))
+    cfg = SimpleNamespace(
+        data=SimpleNamespace(val_batch_size=2),
+        tracking=SimpleNamespace(val_samples=3),
+        reward=SimpleNamespace(env_reward_coef=0.0),
+    )
     node_ctx = NodeContext(
         cfg,
         None,

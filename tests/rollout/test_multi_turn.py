@@ -27,7 +27,7 @@ SAMPLING = dict(temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=6, stop_tok
 
 
 class Echo(Environment):
-    """Answers turn t with "seen t: <the turn's text>"; never done by itself."""
+    """Answers turn t with "seen t: <the turn's text>" and a per-step reward of 0.5; never done by itself."""
 
     def reset(self, sample):
         self.turn = 0
@@ -35,7 +35,7 @@ class Echo(Environment):
 
     def step(self, action):
         self.turn += 1
-        return StepResult(f"seen {self.turn}: {action.text[:8]}")
+        return StepResult(f"seen {self.turn}: {action.text[:8]}", reward=0.5)
 
 
 class FailsOnTurn2(Echo):
@@ -105,6 +105,7 @@ def test_trajectories_interleave_policy_and_environment_tokens(engine, tokenizer
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, torch_dtype=torch.float32)
     for s in samples:
         assert s.env["turns"] == 3 and s.env["status"] == "max_turns", s.env
+        assert s.env["env_reward"] == 1.5, s.env  # the per-step rewards add up
         runs = turns_of(s)
         assert [m for m, _ in runs] == [1, 0, 1, 0, 1], (
             runs

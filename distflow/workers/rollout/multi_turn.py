@@ -126,8 +126,8 @@ class TrajectoryRunner:
                 break
             record["tool_calls"] += int(result.info.get("tool_calls", len(action.tool_calls)))
             record["tool_errors"] += int(result.info.get("tool_errors", 0))
-            if result.reward is not None:
-                record["reward"] = float(result.reward)
+            if result.reward is not None:  # per-step rewards add up (reward.env_reward_coef uses them)
+                record["env_reward"] = record.get("env_reward", 0.0) + float(result.reward)
             if result.done:
                 record["status"] = "done"
                 break

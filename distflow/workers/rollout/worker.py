@@ -59,7 +59,8 @@ class SampleInfo:
     final_turn: int = 0
     """Multi-turn: where the policy's last turn starts in response_ids (outcome scorers read from there)."""
     env: dict | None = None
-    """Multi-turn: the trajectory's record (turns, tool_calls, tool_errors, status; RolloutSample.env)."""
+    """Multi-turn: the trajectory's record (turns, tool_calls, tool_errors, status, env_reward: the summed
+    per-step rewards; RolloutSample.env)."""
 
 
 def placement_device(cfg) -> str:
