@@ -1,4 +1,4 @@
-"""The multi-turn toy task the tests and the benchmark train on: the lookup task (tools/prepare_data.py
+"""The multi-turn toy task the end-to-end tests train on: the lookup task (tools/prepare_data.py
 lookup: the answer is a value only the `lookup` tool knows) and a tiny qwen2 model whose tokenizer learned
 Hermes tool calls (a call is ~20 tokens), both made locally, and the job's arguments."""
 
