@@ -4,12 +4,11 @@ checkpoint is written while the engine holds the trajectories of step 3. A fresh
 generates them again from the checkpoint's state (same prompts, same per-turn seeds, a new environment per
 trajectory) and gives steps 3 and 4 the straight run's metrics."""
 
-import json
 import shutil
 
 import pytest
 
-from distflow.testing.copy_task import comparable_metrics, disaggregated_test_job_args
+from distflow.testing.copy_task import comparable_metrics, disaggregated_test_job_args, metrics_rows
 from distflow.testing.launch import torchrun
 from distflow.testing.lookup_task import lookup_task
 
@@ -17,7 +16,7 @@ TOL = 1e-6
 
 
 def _rows(out) -> dict[int, dict]:
-    return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    return {r["step"]: r for r in metrics_rows(out)}
 
 
 @pytest.mark.slow
