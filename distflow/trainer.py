@@ -26,6 +26,7 @@ from distflow.dag.lookahead import LookaheadRollout
 from distflow.dag.roles import ranks_of_role
 from distflow.dag.streaming import TrainingStream
 from distflow.nodes.context import NodeContext, StepState
+from distflow.nodes.rollout import regenerates_on_take
 from distflow.nodes.sync import WeightSync
 from distflow.nodes.validation import validate
 from distflow.nodes.warmup import reference_from_actor, sft_warmup
@@ -81,6 +82,7 @@ class Trainer:
             self.cfg.trainer.total_steps,
             r.partial,
             stream=stream,
+            regenerates_lost=regenerates_on_take(self.cfg, run_ctx.cluster.placement, stream is not None),
         )
         workers = ctx.workers
         # What a checkpoint holds: the trained roles, and the reference when it is the warmed-up actor's copy

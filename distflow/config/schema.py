@@ -201,10 +201,12 @@ class RolloutConfig:
         "How often each engine may be restarted in place in one attempt after its processes die or stall. With "
         "several engines, a dead engine's unfinished chunks of the rollout go to the others (same seeds, same "
         "samples) while it restarts, and the next weight sync loads the current weights into it; a death in a "
-        "sync restarts it and the sync runs again. With no live engine to take them (one engine, or all dead), "
-        "in lock-step and colocated: it restarts, the weights are synced into it again and its prompts are "
-        "generated again (same seeds). Spent, 0, or otherwise: the job stops naming the engine, and a torchrun "
-        "restart resumes it from its last checkpoint. Metric rollout/engine_restarts.",
+        "sync restarts it and the sync runs again. With no live engine to take them (one engine, or all dead): "
+        "it restarts, the weights are synced into it again and its prompts are generated again (same seeds); "
+        "colocated, at once; disaggregated, when the rollout's step takes it (with that step's weights if the "
+        "rollout was generated ahead). Spent, 0, partial rollouts in flight, or samples streamed in parts: the "
+        "job stops naming the engine, and a torchrun restart resumes it from its last checkpoint. Metric "
+        "rollout/engine_restarts. See docs/fault_tolerance.md.",
     )
     max_staleness: int = option(
         0,

@@ -26,6 +26,14 @@ class SkipStep(Exception):
     """Raised by a node, on every rank alike, when this step has nothing left to do (the message says why)."""
 
 
+class RolloutLost(SkipStep):
+    """Raised by the generate node on the ranks of an engine that died under the rollout, with no live engine
+    to take its prompts, when its restart cannot give the rollout back at once: the engine is restarted, the
+    rest of the rollout stage does not run there, and the step that takes the rollout generates it again
+    once every engine holds the actor's weights (dag/lookahead.py). Unlike SkipStep, only the engine's ranks
+    raise it; the others hear of it when the rollout is taken."""
+
+
 @dataclass
 class StepResult:
     outputs: dict[str, Any]
@@ -34,6 +42,8 @@ class StepResult:
     """The node that ended the step early with SkipStep (its later nodes did not run), else None."""
     spans: list[dict] = field(default_factory=list)
     """When each node ran: {"node", "start", "end"} in wall-clock seconds (time.time())."""
+    skip: SkipStep | None = None
+    """That SkipStep (a RolloutLost: the rollout is to be generated again, not skipped)."""
 
 
 class RankController:
@@ -66,7 +76,7 @@ class RankController:
         """Runs `nodes` (a part of `order`, in that order) on `store`, which holds their inputs from outside
         them; a node raising SkipStep ends the pass there."""
         store = dict(store)
-        timing, skipped_at, spans = {}, None, []
+        timing, skipped_at, skip, spans = {}, None, None, []
         for node in nodes:
             start, wall = time.perf_counter(), time.time()
             try:
@@ -75,8 +85,8 @@ class RankController:
                     outputs = self._fn(node)(self.ctx, inputs)
                     self._check_outputs(node, outputs)
                     store.update(outputs)
-            except SkipStep:
-                skipped_at = node.id
+            except SkipStep as exc:
+                skipped_at, skip = node.id, exc
             except Exception as exc:
                 self.report(node.id, exc)
                 raise
@@ -89,7 +99,7 @@ class RankController:
                     spans += self.ctx.take_spans()
             if skipped_at is not None:
                 break
-        return StepResult(outputs=store, timing_s=timing, skipped_at=skipped_at, spans=spans)
+        return StepResult(outputs=store, timing_s=timing, skipped_at=skipped_at, skip=skip, spans=spans)
 
     def hand_off(self, store: dict[str, Any], nodes: list[Node]) -> None:
         """Starts a step whose `nodes` consume `store` (the outputs of the nodes run before them): every input

@@ -25,6 +25,16 @@ A rollout's metrics (rollout/*, reward/*, advantage/*) are logged with the step 
 t's rows describe step t's samples whatever k; its nodes' timing_s are logged in the step they ran in.
 What is ahead is part of a checkpoint (state_dict): a resumed run trains on the very samples the
 uninterrupted run would have.
+
+An engine that dies under a rollout with no live engine to take its prompts (regenerates_lost: the
+disaggregated placement) is restarted by its ranks, which mark the rollout lost (RolloutLost) and go on;
+rollouts due in the same step after it are marked lost too (the restarted engine serves no weights until
+a sync). The step that takes a lost rollout generates it again: every rank hears of the loss in one small
+exchange before the hand-off, all sync the actor's current weights into the engines under the current
+version (the restarted engine holds model.path's weights until then), and the engine's ranks generate it
+with its own seeds. In lock-step that is the rollout's own version, so the run stays exact; a rollout lost
+ahead (k > 0) is generated with the newer weights of its taking step (staleness 0), as the weights it was
+started with are gone from every rank by then.
 """
 
 import contextlib
@@ -32,7 +42,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from distflow.dag.controller import RankController, StepResult
+import torch.distributed as dist
+
+from distflow.dag.controller import RankController, RolloutLost, StepResult
 from distflow.dag.stages import ROLLOUT_ROLES, rollout_stage
 from distflow.dag.streaming import TrainingStream
 from distflow.nodes.context import StepState
@@ -55,6 +67,9 @@ class Rollout:
     """The node that ended it with SkipStep (dynamic sampling found too few groups): nothing to train."""
     submitted: bool = False
     """Partial rollouts: only submitted to the engines; its stage has not run yet."""
+    lost: str | None = None
+    """Why it was lost on this rank (its engine died under it, or was restarted earlier in the step): the
+    step that takes it generates it again. Its stage's later nodes did not run here."""
 
 
 @dataclass
@@ -83,10 +98,13 @@ class LookaheadRollout:
         total_steps: int,
         partial: bool = False,
         stream: Optional[TrainingStream] = None,
+        regenerates_lost: bool = False,
     ):
+        """regenerates_lost (nodes/rollout.regenerates_on_take, alike on every rank): rollouts lost with a
+        dead engine are generated again when taken; every step then exchanges whether its rollout was."""
         self.controller, self.ctx, self.loader = controller, ctx, loader
         self.max_staleness, self.total_steps, self.partial = max_staleness, total_steps, partial
-        self.stream = stream
+        self.stream, self.regenerates_lost = stream, regenerates_lost
         stage = set(rollout_stage(controller.pipeline))
         self.rollout_nodes = [n for n in controller.order if n.id in stage]
         self.training_nodes = [n for n in controller.order if n.id not in stage]
@@ -113,17 +131,28 @@ class LookaheadRollout:
             self.controller.hand_off(rollout.outputs, self.training_nodes)
         seconds = time.perf_counter() - handing
         record.add(StepResult({}, {"hand_off": seconds}, spans=[_span("hand_off", wall, seconds)]), step)
-        for ahead in range(step + 1, min(step + self.max_staleness, self.total_steps) + 1):
-            if ahead not in self.ahead:
-                prompts = self._next_prompts()
-                if self.partial:
-                    self.ahead[ahead] = self._submit(ahead, prompts)
-                else:
-                    self.ahead[ahead] = self._generate(ahead, prompts, record)
+        self._generate_ahead(step, record)
         result = self.controller.run_nodes(self.training_nodes, rollout.outputs)
         record.add(result, step)
         self._record_idle(record.timing, time.perf_counter() - start)
         return StepResult(result.outputs, record.timing, result.skipped_at, record.spans)
+
+    def _generate_ahead(self, step: int, record: _StepRecord) -> None:
+        """The rollouts of the steps up to step + k not generated yet (submitted, with partial rollouts)."""
+        lost = None  # why a rollout of this step was lost: the later ones are too
+        for ahead in range(step + 1, min(step + self.max_staleness, self.total_steps) + 1):
+            if ahead in self.ahead:
+                continue
+            prompts = self._next_prompts()
+            if self.partial:
+                self.ahead[ahead] = self._submit(ahead, prompts)
+            elif lost is not None:  # the restarted engine serves no trained weights until the next sync
+                version = self.ctx.workers.rollout.weight_version
+                self.ahead[ahead] = Rollout(ahead, prompts, version, lost=lost)
+            else:
+                self.ahead[ahead] = self._generate(ahead, prompts, record)
+                if self.ahead[ahead].lost is not None:
+                    lost = f"its engine restarted in step {ahead}'s rollout ({self.ahead[ahead].lost})"
 
     def _open_stream(self, step: int, record: _StepRecord):
         """rollout.stream_chunks: step's samples start for the training ranks, which run their log-prob
@@ -149,6 +178,8 @@ class LookaheadRollout:
             rollout = self._generate(step, rollout.prompts, record, version=rollout.version)
         elif rollout is None:
             rollout = self._generate(step, self._next_prompts(), record)
+        if self.regenerates_lost:
+            rollout = self._regenerate_if_lost(rollout, record)
         samples = rollout.outputs.get("samples")
         if samples is not None and samples.infos:
             staleness = [current - info.weight_version for info in samples.infos.values()]
@@ -169,13 +200,41 @@ class LookaheadRollout:
             if version is None:
                 version = self.ctx.workers.rollout.weight_version
             result = self.controller.run_nodes(self.rollout_nodes, {"prompts": prompts})
-            rollout = Rollout(
-                step, prompts, version, result.outputs, self.ctx.step.metrics, result.skipped_at
-            )
+            lost = str(result.skip) if isinstance(result.skip, RolloutLost) else None
+            skipped_at = None if lost is not None else result.skipped_at
+            rollout = Rollout(step, prompts, version, result.outputs, self.ctx.step.metrics, skipped_at)
+            rollout.lost = lost
         finally:
             self.ctx.step = training_state
         record.add(result, step)
         return rollout
+
+    def _regenerate_if_lost(self, rollout: Rollout, record: _StepRecord) -> Rollout:
+        """Collective: `rollout`, or, when any rank lost it, the same step generated again after every rank
+        has synced the actor's current weights into the engines under the current version (repeated while
+        engines die, within rollout.engine_restarts: a death past them stops the job in the generate node)."""
+        while True:
+            reasons = [None] * dist.get_world_size()
+            dist.all_gather_object(reasons, rollout.lost)
+            lost = [(rank, why) for rank, why in enumerate(reasons) if why]
+            if not lost:
+                return rollout
+            if dist.get_rank() == 0:
+                rank, why = lost[0]
+                current = self.ctx.workers.rollout.weight_version
+                weights = (
+                    "the weights it was started with: the same samples"
+                    if current == rollout.version
+                    else f"newer weights than the version {rollout.version} it was started with"
+                )
+                print(
+                    f"[rollout] step {rollout.step}'s rollout was lost (rank {rank}: {why}); every engine loads "
+                    f"the actor's weights of version {current} again and the rollout is generated again, with "
+                    f"{weights}",
+                    flush=True,
+                )
+            self.ctx.weight_sync.resync()
+            rollout = self._generate(rollout.step, rollout.prompts, record)
 
     def _submit(self, step: int, prompts) -> Rollout:
         """Partial rollouts: step's requests sent to the engines (owners), its stage left for later."""

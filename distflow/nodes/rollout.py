@@ -9,6 +9,7 @@ import time
 
 import torch.distributed as dist
 
+from distflow.dag.controller import RolloutLost
 from distflow.nodes.reward import reward_sample
 from distflow.workers.rollout import engine_health
 from distflow.workers.rollout.engine_health import EngineDiedError
@@ -24,11 +25,16 @@ def generate(ctx, inputs):
 def generate_samples(ctx, prompts) -> tuple:
     """(this rank's samples or None, their rollout/* metrics): the work of the generate node, for callers
     that generate more than once in a step (dynamic sampling) and keep the metrics they choose.
-    Where engines can be regenerated in place (regenerates_in_place), an engine that dies with the
-    rollout's requests and no live engine to take them (a single engine, or every engine of the step) is
-    restarted, every rank syncs the actor's current weights into the engines again under the same version,
-    and its owner generates its prompts again with the same seeds: the step's samples are the ones it would
-    have had, and no job restart is needed."""
+    An engine that dies with the rollout's requests and no live engine to take them (a single engine, or
+    every engine of the step) is restarted within rollout.engine_restarts:
+    - where every rank owns an engine (regenerates_in_place): every rank syncs the actor's current weights
+      into the engines again under the same version, and each dead engine's owner generates its prompts
+      again with the same seeds: the step's samples are the ones it would have had;
+    - otherwise (regenerates_on_take: the training-only ranks are elsewhere, maybe training): the engine's
+      ranks raise RolloutLost, and the step that takes the rollout generates it again (dag/lookahead.py).
+    Either way no job restart is needed."""
+    if regenerates_on_take(ctx.cfg, ctx.cluster.placement, streamed=ctx.samples_stream is not None):
+        return _generate_or_lose(ctx, prompts)
     if not regenerates_in_place(ctx):
         return _generate(ctx, prompts, balance=True)
     rollout, result, balance = ctx.workers.rollout, None, True
@@ -57,14 +63,51 @@ def generate_samples(ctx, prompts) -> tuple:
 def regenerates_in_place(ctx) -> bool:
     """Whether a rollout whose engines died can be generated again in place (generate_samples): engine
     restarts allowed (rollout.engine_restarts), every rank an engine owner's (colocated: all take part in
-    the weight sync the restarted engine needs), in lock-step (the actor has not moved since the sync that
-    made the rollout's weights, so syncing again gives them back) and with the samples leaving whole.
-    Otherwise such a death stops the job, and a torchrun restart resumes it from its last checkpoint."""
+    the weight sync the restarted engine needs), no partial rollouts and the samples leaving whole. Any
+    rollout.max_staleness: colocated ranks generate before they train a step, so the actor has not moved
+    since the sync that made the rollout's weights, and syncing again gives them back.
+    Otherwise (and not regenerates_on_take) such a death stops the job, and a torchrun restart resumes it
+    from its last checkpoint."""
     r = ctx.cfg.rollout
-    if not (r.engine_restarts > 0 and r.max_staleness == 0 and not r.partial and ctx.samples_stream is None):
+    if not (r.engine_restarts > 0 and not r.partial and ctx.samples_stream is None):
         return False
-    placement = ctx.cluster.placement
+    return _every_rank_owns_an_engine(ctx.cluster.placement)
+
+
+def regenerates_on_take(cfg, placement, streamed: bool) -> bool:
+    """Whether a rollout whose engines died is generated again by the step that takes it (RolloutLost,
+    dag/lookahead.py): engine restarts allowed, some ranks without an engine (disaggregated: the training
+    ranks may be training while the engines generate ahead, so nothing collective can happen mid-rollout),
+    no partial rollouts (their requests cannot be re-issued), the samples leaving whole (streamed: the run's
+    TrainingStream, which would have sent parts of them already) and no dynamic sampling (its collective is
+    mid-rollout). Every rank decides alike."""
+    r = cfg.rollout
+    return (
+        r.engine_restarts > 0
+        and not r.partial
+        and not streamed
+        and not cfg.algorithm.dynamic_sampling
+        and not _every_rank_owns_an_engine(placement)
+    )
+
+
+def _every_rank_owns_an_engine(placement) -> bool:
     return len(placement.rollout_ranks) == placement.world_size
+
+
+def _generate_or_lose(ctx, prompts) -> tuple:
+    """_generate; when the engine dies with no live engine to take its prompts, restarts it (within
+    rollout.engine_restarts, else the death stops the job) and raises RolloutLost."""
+    try:
+        return _generate(ctx, prompts, balance=True)
+    except (EngineDiedError, EveryEngineDied) as exc:
+        rollout = ctx.workers.rollout
+        rollout.raise_unless_restartable(exc)
+        if rollout.owner and engine_health.is_dead(rollout.engine):  # EveryEngineDied: restarted already
+            rollout.restart_engine(
+                f"died in step {ctx.step.step}'s rollout; it is generated again when that step takes it"
+            )
+        raise RolloutLost(f"engine {rollout.engine_index}: {str(exc).splitlines()[0]}") from exc
 
 
 def _gathered(value) -> list:

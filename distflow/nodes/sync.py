@@ -70,8 +70,9 @@ class WeightSync:
 
     def resync(self) -> dict[str, float]:
         """Collective: the engines load the actor's current weights again as the version they serve now, not
-        a new one. For an engine restarted mid-rollout in lock-step (nodes/rollout.generate_samples): the
-        actor has not changed since the sync that made that version, so the rollout's samples keep it."""
+        a new one. For an engine restarted mid-rollout (nodes/rollout.generate_samples), before its rollout is
+        generated again: the actor has not trained since the sync that made that version (colocated ranks
+        generate before they train; disaggregated ones regenerate when the step takes the rollout)."""
         self.continue_versions_from(self.rollout.weight_version - 1)
         return self.sync()
 

@@ -3,7 +3,8 @@
 `dag.pipeline=distflow.testing.phase_faults:pipeline` runs the built-in pipeline of
 $DISTFLOW_FAULT_PIPELINE (default grpo) with one change: in the job's first attempt (before any torchrun
 restart), when rank $DISTFLOW_FAULT_RANK (or every rank: "all") starts node $DISTFLOW_FAULT_NODE of step $DISTFLOW_FAULT_STEP, it
-sends itself $DISTFLOW_FAULT_SIGNAL (KILL: a rank lost; STOP: a frozen rank). Nodes cover the phases:
+sends itself $DISTFLOW_FAULT_SIGNAL (KILL: a rank lost; STOP: a frozen rank; ENGINE: its engine's processes
+SIGKILLed, at each step of a comma-separated $DISTFLOW_FAULT_STEP, such as "1,3"). Nodes cover the phases:
 generate (rollout), reward, old_logprob/train_actor (training), sync_weights (weight sync). The checkpoint
 save is not a node: $DISTFLOW_FAULT_NODE=checkpoint_save strikes while step $DISTFLOW_FAULT_STEP's
 checkpoint is being written (a watcher thread sees its staging folder appear).
@@ -25,8 +26,11 @@ ENV = ("DISTFLOW_FAULT_NODE", "DISTFLOW_FAULT_STEP", "DISTFLOW_FAULT_RANK", "DIS
 CHECKPOINT_SAVE = "checkpoint_save"
 
 
-def fault_env(node: str, step: int, rank: int | str, sig: str, pipeline: str = "grpo") -> dict[str, str]:
-    """The environment that arms one fault (sig: "KILL", "STOP" or "ENGINE"; rank: a rank or "all")."""
+def fault_env(
+    node: str, step: int | str, rank: int | str, sig: str, pipeline: str = "grpo"
+) -> dict[str, str]:
+    """The environment that arms one fault (sig: "KILL", "STOP" or "ENGINE"; rank: a rank or "all"; step: a
+    step, or for ENGINE steps such as "1,3")."""
     return {
         "DISTFLOW_FAULT_NODE": node,
         "DISTFLOW_FAULT_STEP": str(step),
@@ -45,7 +49,8 @@ def pipeline(cfg) -> Pipeline:
         return base
     if sig == "ENGINE":
         base.node(node)
-        base.nodes = [_engine_killed(n, int(step)) if n.id == node else n for n in base.nodes]
+        steps = {int(s) for s in step.split(",")}
+        base.nodes = [_engine_killed(n, steps) if n.id == node else n for n in base.nodes]
         return base
     strike = getattr(signal, f"SIG{sig}")
     if node == CHECKPOINT_SAVE:
@@ -71,14 +76,17 @@ def _armed(node, step: int, strike):
     return dataclasses.replace(node, fn=fn)
 
 
-def _engine_killed(node, step: int):
-    """The node, with this rank's engine processes SIGKILLed as it starts at `step` (in generate: the engine
-    dies under the rollout's first request; in sync_weights: under the sync's first call)."""
+def _engine_killed(node, steps: set[int]):
+    """The node, with this rank's engine processes SIGKILLed as it starts at each of `steps` (in generate:
+    the engine dies under the rollout's first request; in sync_weights: under the sync's first call). The
+    step of a rollout generated ahead (rollout.max_staleness) is the step that will train on it."""
     inner = node.resolve()
+    struck: set[int] = set()  # once a step: a rollout generated again after its loss is not killed again
 
     def fn(ctx, inputs):
-        engine = ctx.workers.rollout.engine
-        if ctx.step.step == step and engine is not None:
+        engine, step = ctx.workers.rollout.engine, ctx.step.step
+        if step in steps - struck and engine is not None:
+            struck.add(step)
             print(
                 f"[phase_faults] rank {os.environ['RANK']}: engine killed in {node.id} of step {step}",
                 flush=True,

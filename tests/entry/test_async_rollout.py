@@ -13,6 +13,12 @@ SGLang engine rank, GRPO on the tiny copy task), at rollout.max_staleness 1 and 
   rank hears so, the engine restarts in place (rollout.engine_restarts) and the sync runs again; the run
   ends with the straight run's metrics. With partial rollouts, the engine dies holding a submitted
   rollout's requests, which cannot be re-issued: every rank stops within seconds with the engine's error.
+- The engine dies as it starts generating, with no other engine to take its prompts: under step 1's rollout
+  (generated when step 1 takes it, as in lock-step) and under step 3's (generated ahead while step 2
+  trains). It restarts; each rollout is generated again by the step that takes it, after every rank synced
+  the actor's weights into it (checked by sync.verify). Step 1's has its own weights back: the run stays
+  the straight run's; step 3's is generated with step 3's newer weights (staleness 0), and step 4's samples
+  are the straight run's again.
 """
 
 import json
@@ -25,6 +31,7 @@ import pytest
 
 from distflow.testing.copy_task import comparable_metrics, copy_task, disaggregated_test_job_args
 from distflow.testing.launch import JobFailed, torchrun
+from distflow.testing.phase_faults import fault_env
 
 TOL = 1e-6
 SAMPLES = 16  # data.train_batch_size x rollout.n
@@ -61,6 +68,20 @@ def _killing_engine_at(score: int, counter: Path) -> tuple[str, dict]:
         "DISTFLOW_TEST_KILL_AT": str(score),
     }
     return "reward.custom=engine_killing_scorer:score", env
+
+
+def _straight_k1(tmp) -> dict[int, dict]:
+    """test_staleness_bound_and_exact_resume_in_flight[1]'s run, to compare with (skips if it did not run)."""
+    straight = tmp / "straight_k1"
+    if not (straight / "metrics.jsonl").is_file():
+        pytest.skip("the k=1 run did not run first: no run to compare the metrics with")
+    return _rows(straight)
+
+
+def _assert_same(mine: dict, theirs: dict, step: int) -> None:
+    assert mine.keys() == theirs.keys(), sorted(mine.keys() ^ theirs.keys())
+    for n in sorted(mine):
+        assert abs(mine[n] - theirs[n]) <= TOL * max(1.0, abs(theirs[n])), (step, n, mine[n], theirs[n])
 
 
 def _rows(out) -> dict[int, dict]:
@@ -153,15 +174,55 @@ def test_an_engine_dying_with_a_rollout_generated_ahead_restarts_in_place(task):
     rows = _rows(out)
     assert sorted(rows) == [1, 2, 3, 4], sorted(rows)
     assert [rows[s]["rollout/engine_restarts"] for s in (1, 2, 3, 4)] == [0, 0, 1, 1]
-    straight = tmp / "straight_k1"  # test_staleness_bound_and_exact_resume_in_flight[1]'s run
-    if not (straight / "metrics.jsonl").is_file():
-        pytest.skip("the k=1 run did not run first: no run to compare the metrics with")
-    reference = _rows(straight)
+    reference = _straight_k1(tmp)
     for step in (1, 2, 3, 4):  # the rollout ahead was complete: nothing generated again, the same steps
-        mine, theirs = comparable_metrics(rows[step]), comparable_metrics(reference[step])
-        assert mine.keys() == theirs.keys(), sorted(mine.keys() ^ theirs.keys())
-        for n in sorted(mine):
-            assert abs(mine[n] - theirs[n]) <= TOL * max(1.0, abs(theirs[n])), (step, n, mine[n], theirs[n])
+        _assert_same(comparable_metrics(rows[step]), comparable_metrics(reference[step]), step)
+
+
+@pytest.mark.slow
+def test_an_engine_dying_mid_rollout_restarts_and_its_rollout_is_generated_again(task):
+    tmp, common = task
+    out = tmp / "engine_dies_generating"
+    start = time.monotonic()
+    log = _train(
+        common,
+        out,
+        "rollout.max_staleness=1",
+        "sync.verify=true",
+        "dag.pipeline=distflow.testing.phase_faults:pipeline",
+        env=fault_env("generate", "1,3", rank=1, sig="ENGINE"),
+    )
+    seconds = time.monotonic() - start
+    for step in (1, 3):
+        assert f"[phase_faults] rank 1: engine killed in generate of step {step}" in log, log[-3000:]
+        assert f"[rollout] engine 0 died in step {step}'s rollout" in log, log[-3000:]
+        assert f"[rollout] step {step}'s rollout was lost (rank 1: engine 0: " in log, log[-3000:]
+    assert "with the weights it was started with: the same samples" in log, log[-3000:]  # step 1's
+    assert "with newer weights than the version 2 it was started with" in log, log[-3000:]  # step 3's
+    assert "restarted attempt" not in log and seconds < 300, (seconds, log[-3000:])  # no job restart
+    rows = _rows(out)
+    assert sorted(rows) == [1, 2, 3, 4], sorted(rows)
+    assert [rows[s]["rollout/engine_restarts"] for s in (1, 2, 3, 4)] == [1, 2, 2, 2]
+    reference = _straight_k1(tmp)
+    for step in (1, 2):  # step 1's rollout generated again with its own weights and seeds: the same run
+        _assert_same(comparable_metrics(rows[step]), comparable_metrics(reference[step]), step)
+    # Step 3's rollout, lost ahead, was generated with the weights step 3 trains (version 3: the warm-up's
+    # sync, then steps 1 and 2's) instead of step 2's.
+    assert rows[3]["rollout/staleness_max"] == 0 and rows[3]["rollout/weight_version"] == 3, rows[3]
+    assert reference[3]["rollout/staleness_max"] == 1 and reference[3]["rollout/weight_version"] == 2
+    assert rows[3]["rollout/samples"] == SAMPLES and rows[3]["rollout/stale_dropped"] == 0, rows[3]
+
+    # Step 4's was generated ahead in step 3 from the same weights (version 3) and seeds as the straight
+    # run's: the same samples and rewards, trained by an actor that differs since step 3 (its entropy too).
+    def of_samples(row):
+        return {
+            k: v
+            for k, v in comparable_metrics(row).items()
+            if k.startswith(("rollout/", "reward/")) and k != "rollout/actor_entropy"
+        }
+
+    assert len(of_samples(rows[4])) > 10, sorted(of_samples(rows[4]))
+    _assert_same(of_samples(rows[4]), of_samples(reference[4]), 4)
 
 
 @pytest.mark.slow

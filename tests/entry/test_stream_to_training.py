@@ -6,7 +6,8 @@ training rank in parts while the engine still generates, and the passes run on t
 - Same result: every non-timing metric of the streamed job equals the unstreamed job's (stream_chunks=1),
   step by step, to float rounding (the passes run on other batch shapes).
 - The overlap, from the recorded timeline: the training rank's stream_logprobs rows (one per early part)
-  start before the engine rank's generate node ends; perf/logprobs_streamed is the share of samples whose
+  start before the engine rank's generate node ends (the engine runs 4 requests at a time, so the groups
+  finish in waves); perf/logprobs_streamed is the share of samples whose
   passes ran early (3 of 4 prompt groups: the last part moves with the hand-off).
 """
 
@@ -33,6 +34,10 @@ def jobs(tmp_path_factory):
         "algorithm.rollout_correction.mask_level=sequence",
         "trainer.total_steps=2",
         "checkpoint.save_every=0",
+        # The engine decodes 4 of the 16 samples at a time, so prompt groups finish in waves and the first
+        # parts leave well before the last wave (all at once, they finish in the same decode step, and the
+        # overlap would be the few milliseconds of sending the parts).
+        "rollout.sglang.max_running_requests=4",
     ]
     outs = {}
     for chunks in (4, 1):

@@ -33,7 +33,7 @@ def test_generate_records_lengths_and_counts():
         SimpleNamespace(
             rollout=SimpleNamespace(max_new_tokens=8, partial=False, engine_restarts=0, env=None)
         ),
-        None,
+        SimpleNamespace(placement=SimpleNamespace(world_size=1, rollout_ranks=(0,))),
         0,
         SimpleNamespace(eos_token_id=0),
         Workers(rollout=engine),
@@ -69,24 +69,35 @@ def test_partial_fraction_counts_the_tokens_sampled_before_an_interrupting_sync(
 
 
 @pytest.mark.parametrize(
-    "change, regenerates",
+    "change, in_place, on_take",
     [
-        ({}, True),
-        ({"engine_restarts": 0}, False),
-        ({"max_staleness": 1}, False),  # the actor may have moved on: syncing again would not give them back
-        ({"partial": True}, False),
-        ({"stream": True}, False),  # parts of the samples already left for the trainer
-        ({"disaggregated": True}, False),  # the training-only ranks are not in the rollout to hear of it
+        ({}, True, False),
+        ({"engine_restarts": 0}, False, False),
+        # colocated ranks generate before they train: the actor still holds the rollout's weights
+        ({"max_staleness": 1}, True, False),
+        ({"partial": True}, False, False),  # its requests cannot be re-issued
+        ({"stream": True}, False, False),  # parts of the samples already left for the trainer
+        # the training-only ranks are not in the rollout to hear of it: the step that takes it regenerates it
+        ({"disaggregated": True}, False, True),
+        ({"disaggregated": True, "max_staleness": 1}, False, True),
+        ({"disaggregated": True, "engine_restarts": 0}, False, False),
+        ({"disaggregated": True, "partial": True}, False, False),
+        ({"disaggregated": True, "stream": True}, False, False),
+        ({"disaggregated": True, "dynamic_sampling": True}, False, False),  # its collective is mid-rollout
     ],
 )
-def test_a_dead_engines_rollout_is_generated_again_only_in_lock_step(change, regenerates):
+def test_where_a_dead_engines_rollout_is_generated_again(change, in_place, on_take):
     r = SimpleNamespace(engine_restarts=2, max_staleness=0, partial=False)
     for key in ("engine_restarts", "max_staleness", "partial"):
         if key in change:
             setattr(r, key, change[key])
+    cfg = SimpleNamespace(
+        rollout=r, algorithm=SimpleNamespace(dynamic_sampling=change.get("dynamic_sampling", False))
+    )
     placement = SimpleNamespace(
         world_size=4, rollout_ranks=(2, 3) if change.get("disaggregated") else (0, 1, 2, 3)
     )
-    ctx = NodeContext(SimpleNamespace(rollout=r), SimpleNamespace(placement=placement), 0, None)
+    ctx = NodeContext(cfg, SimpleNamespace(placement=placement), 0, None)
     ctx.samples_stream = object() if change.get("stream") else None
-    assert rollout.regenerates_in_place(ctx) is regenerates
+    assert rollout.regenerates_in_place(ctx) is in_place
+    assert rollout.regenerates_on_take(cfg, placement, streamed=bool(change.get("stream"))) is on_take

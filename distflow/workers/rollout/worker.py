@@ -292,7 +292,7 @@ class RolloutWorker:
             **sampling,
         )
         if run.died is not None:  # the live engines generate what it had left; it restarts meanwhile
-            self._raise_unless_restartable(run.died)
+            self.raise_unless_restartable(run.died)
             given = board.abandon(run.unfinished)
             self.restart_engine(
                 f"died in step {step}'s rollout; {given} of its chunks go to the other engines"
@@ -318,7 +318,7 @@ class RolloutWorker:
             return None
         return self._why_not_restartable()
 
-    def _raise_unless_restartable(self, died: Exception) -> None:
+    def raise_unless_restartable(self, died: Exception) -> None:
         """Raises `died` when the engine cannot be restarted in place (its restarts spent, partial rollouts in
         flight, an engine over nodes): the job then stops, and a torchrun restart resumes it from its last
         checkpoint."""
@@ -355,7 +355,7 @@ class RolloutWorker:
         if not self.owner or not engine_health.is_dead(self.engine):
             return
         monitor = engine_health.monitor_of(self.engine)
-        self._raise_unless_restartable(monitor.error("the weight sync"))
+        self.raise_unless_restartable(monitor.error("the weight sync"))
         self.restart_engine(f"is dead ({monitor.dead_reason})")
 
     def load_weights(self, named_tensors) -> None:
