@@ -82,7 +82,7 @@ class Trainer:
             self.cfg.trainer.total_steps,
             r.partial,
             stream=stream,
-            regenerates_lost=regenerates_on_take(self.cfg, run_ctx.cluster.placement, stream is not None),
+            regenerates_lost=regenerates_on_take(self.cfg, run_ctx.cluster.placement),
         )
         workers = ctx.workers
         # What a checkpoint holds: the trained roles, and the reference when it is the warmed-up actor's copy

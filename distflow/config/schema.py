@@ -204,7 +204,8 @@ class RolloutConfig:
         "sync restarts it and the sync runs again. With no live engine to take them (one engine, or all dead): "
         "it restarts, the weights are synced into it again and its prompts are generated again (same seeds); "
         "colocated, at once; disaggregated, when the rollout's step takes it (with that step's weights if the "
-        "rollout was generated ahead). Spent, 0, partial rollouts in flight, or samples streamed in parts: the "
+        "rollout was generated ahead). Partial rollouts in flight continue on the restarted engine from the "
+        "tokens they had. Spent, 0, or an engine over nodes: the "
         "job stops naming the engine, and a torchrun restart resumes it from its last checkpoint. Metric "
         "rollout/engine_restarts. See docs/fault_tolerance.md.",
     )

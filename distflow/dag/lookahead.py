@@ -34,7 +34,9 @@ exchange before the hand-off, all sync the actor's current weights into the engi
 version (the restarted engine holds model.path's weights until then), and the engine's ranks generate it
 with its own seeds. In lock-step that is the rollout's own version, so the run stays exact; a rollout lost
 ahead (k > 0) is generated with the newer weights of its taking step (staleness 0), as the weights it was
-started with are gone from every rank by then.
+started with are gone from every rank by then. A submitted rollout (partial) keeps the tokens its requests
+had: they continue on the restarted engine (RolloutWorker.restart_engine). A streamed step's early parts are
+dropped with their log-probs, and its passes run on the rollout generated again.
 """
 
 import contextlib
@@ -234,6 +236,10 @@ class LookaheadRollout:
                     flush=True,
                 )
             self.ctx.weight_sync.resync()
+            # A streamed step's early log-probs are of samples that may come out otherwise (the same in
+            # lock-step on a deterministic engine; nothing promises that): the passes run on the new ones.
+            streamed = self.ctx.step.streamed_logprobs
+            self.ctx.step.streamed_logprobs = {role: {} for role in streamed}
             rollout = self._generate(rollout.step, rollout.prompts, record)
 
     def _submit(self, step: int, prompts) -> Rollout:

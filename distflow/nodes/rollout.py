@@ -33,7 +33,7 @@ def generate_samples(ctx, prompts) -> tuple:
     - otherwise (regenerates_on_take: the training-only ranks are elsewhere, maybe training): the engine's
       ranks raise RolloutLost, and the step that takes the rollout generates it again (dag/lookahead.py).
     Either way no job restart is needed."""
-    if regenerates_on_take(ctx.cfg, ctx.cluster.placement, streamed=ctx.samples_stream is not None):
+    if regenerates_on_take(ctx.cfg, ctx.cluster.placement):
         return _generate_or_lose(ctx, prompts)
     if not regenerates_in_place(ctx):
         return _generate(ctx, prompts, balance=True)
@@ -63,29 +63,29 @@ def generate_samples(ctx, prompts) -> tuple:
 def regenerates_in_place(ctx) -> bool:
     """Whether a rollout whose engines died can be generated again in place (generate_samples): engine
     restarts allowed (rollout.engine_restarts), every rank an engine owner's (colocated: all take part in
-    the weight sync the restarted engine needs), no partial rollouts and the samples leaving whole. Any
+    the weight sync the restarted engine needs) and the samples leaving whole. Any
     rollout.max_staleness: colocated ranks generate before they train a step, so the actor has not moved
-    since the sync that made the rollout's weights, and syncing again gives them back.
+    since the sync that made the rollout's weights, and syncing again gives them back. A partial rollout's
+    requests continue on the restarted engine from what they had sampled (its worker keeps them).
     Otherwise (and not regenerates_on_take) such a death stops the job, and a torchrun restart resumes it
     from its last checkpoint."""
     r = ctx.cfg.rollout
-    if not (r.engine_restarts > 0 and not r.partial and ctx.samples_stream is None):
+    if not (r.engine_restarts > 0 and ctx.samples_stream is None):
         return False
     return _every_rank_owns_an_engine(ctx.cluster.placement)
 
 
-def regenerates_on_take(cfg, placement, streamed: bool) -> bool:
+def regenerates_on_take(cfg, placement) -> bool:
     """Whether a rollout whose engines died is generated again by the step that takes it (RolloutLost,
     dag/lookahead.py): engine restarts allowed, some ranks without an engine (disaggregated: the training
-    ranks may be training while the engines generate ahead, so nothing collective can happen mid-rollout),
-    no partial rollouts (their requests cannot be re-issued), the samples leaving whole (streamed: the run's
-    TrainingStream, which would have sent parts of them already) and no dynamic sampling (its collective is
-    mid-rollout). Every rank decides alike."""
+    ranks may be training while the engines generate ahead, so nothing collective can happen mid-rollout)
+    and no dynamic sampling (its collective is mid-rollout). A partial rollout's requests continue on the
+    restarted engine from what they had sampled. A streamed rollout (rollout.stream_chunks) sends its
+    remaining parts at once, and the training ranks drop the log-probs they computed on the parts
+    (dag/lookahead.py). Every rank decides alike."""
     r = cfg.rollout
     return (
         r.engine_restarts > 0
-        and not r.partial
-        and not streamed
         and not cfg.algorithm.dynamic_sampling
         and not _every_rank_owns_an_engine(placement)
     )
@@ -103,6 +103,9 @@ def _generate_or_lose(ctx, prompts) -> tuple:
     except (EngineDiedError, EveryEngineDied) as exc:
         rollout = ctx.workers.rollout
         rollout.raise_unless_restartable(exc)
+        stream = ctx.samples_stream
+        if stream is not None and not stream.closed:  # every rank walks all of its parts: the rest leave now
+            stream.close()
         if rollout.owner and engine_health.is_dead(rollout.engine):  # EveryEngineDied: restarted already
             rollout.restart_engine(
                 f"died in step {ctx.step.step}'s rollout; it is generated again when that step takes it"

@@ -9,9 +9,16 @@ training rank in parts while the engine still generates, and the passes run on t
   start before the engine rank's generate node ends (the engine runs 4 requests at a time, so the groups
   finish in waves); perf/logprobs_streamed is the share of samples whose
   passes ran early (3 of 4 prompt groups: the last part moves with the hand-off).
+- An engine that dies mid-stream: in the streamed job the scorer kills the engine as it scores step 2's
+  first group, after that group's samples left in the first part. The engine restarts, its remaining parts
+  leave at once, the training rank drops the log-probs it computed on them, every rank syncs the weights
+  into the new engine, and the rollout is generated again with its own weights and seeds: step 2 still
+  equals the unstreamed job's (its passes all ran at the hand-off: perf/logprobs_streamed 0).
 """
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +26,7 @@ from distflow.testing.copy_task import comparable_metrics, copy_task, disaggrega
 from distflow.testing.launch import torchrun
 
 TOL = 1e-5  # the log-probs of a sample in a part's forward vs the whole batch's: other padding, other sums
+KILLED_AT_SCORE = 17  # 16 samples a step
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +50,33 @@ def jobs(tmp_path_factory):
     outs = {}
     for chunks in (4, 1):
         outs[chunks] = tmp / f"chunks{chunks}"
+        # The copy task's scorer, which in the streamed job kills the engine at its 17th call: step 2's first.
+        env = {
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+            "DISTFLOW_TEST_KILL_COUNTER": str(tmp / f"scores{chunks}"),
+            "DISTFLOW_TEST_KILL_AT": str(KILLED_AT_SCORE if chunks > 1 else 0),
+        }
         log = torchrun(
             "distflow.train",
             nproc=2,
             module=True,
             timeout_s=600,
-            args=[*common, f"trainer.output_dir={outs[chunks]}", f"rollout.stream_chunks={chunks}"],
+            env=env,
+            args=[
+                *common,
+                f"trainer.output_dir={outs[chunks]}",
+                f"rollout.stream_chunks={chunks}",
+                "reward.custom=engine_killing_scorer:score",
+            ],
         )
         streams = "the log-prob passes of actor and ref run on each part as it arrives" in log
         assert streams == (chunks > 1), log[-3000:]
+        if chunks > 1:
+            assert "[rollout] engine 0 died in step 2's rollout" in log, log[-3000:]
+            assert (
+                "[rollout] step 2's rollout was lost (rank 1: engine 0: SGLang engine: engine process"
+            ) in log, log[-3000:]
+            assert "with the weights it was started with: the same samples" in log, log[-3000:]
     return outs
 
 
@@ -66,8 +92,10 @@ def _timeline(out, rank: int) -> list[dict]:
 def test_streamed_passes_give_the_unstreamed_result(jobs):
     streamed, whole = _rows(jobs[4]), _rows(jobs[1])
     assert sorted(streamed) == sorted(whole) == [1, 2]
+    assert [streamed[step]["rollout/engine_restarts"] for step in (1, 2)] == [0, 1]
     for step in (1, 2):
-        assert streamed[step]["perf/logprobs_streamed"] == 0.75, streamed[step]
+        # step 2's parts were dropped with the engine that generated them
+        assert streamed[step]["perf/logprobs_streamed"] == (0.75 if step == 1 else 0.0), streamed[step]
         assert "perf/logprobs_streamed" not in whole[step]
         keys = comparable_metrics(whole[step]).keys()
         assert keys == comparable_metrics(streamed[step]).keys()
@@ -92,9 +120,14 @@ def test_the_passes_ran_while_the_engine_generated(jobs):
     timelines = {rank: _timeline(jobs[4], rank) for rank in (0, 1)}
     (trainer,) = [r for r, rows in timelines.items() if any(x["node"] == "stream_logprobs" for x in rows)]
     engine = 1 - trainer
-    for step in (1, 2):
-        parts = [r for r in timelines[trainer] if r["step"] == step and r["node"] == "stream_logprobs"]
-        assert len(parts) == 3 and sum(p["samples"] for p in parts) == 12, parts
-        (generate,) = [r for r in timelines[engine] if r["step"] == step and r["node"] == "generate"]
-        assert generate["start"] < parts[0]["start"] < generate["end"], (parts[0], generate)
+    parts = [r for r in timelines[trainer] if r["step"] == 1 and r["node"] == "stream_logprobs"]
+    assert len(parts) == 3 and sum(p["samples"] for p in parts) == 12, parts
+    (generate,) = [r for r in timelines[engine] if r["step"] == 1 and r["node"] == "generate"]
+    assert generate["start"] < parts[0]["start"] < generate["end"], (parts[0], generate)
+    # Step 2: the first part left before the engine died (the kill came with its group's first score); the
+    # others left at once when it did. Its rollout was generated twice.
+    parts = [r for r in timelines[trainer] if r["step"] == 2 and r["node"] == "stream_logprobs"]
+    assert len(parts) == 3 and parts[0]["samples"] >= 4, parts
+    generates = [r for r in timelines[engine] if r["step"] == 2 and r["node"] == "generate"]
+    assert len(generates) == 2, generates
     assert not any(r["node"] == "stream_logprobs" for r in _timeline(jobs[1], trainer))

@@ -75,14 +75,16 @@ def test_partial_fraction_counts_the_tokens_sampled_before_an_interrupting_sync(
         ({"engine_restarts": 0}, False, False),
         # colocated ranks generate before they train: the actor still holds the rollout's weights
         ({"max_staleness": 1}, True, False),
-        ({"partial": True}, False, False),  # its requests cannot be re-issued
-        ({"stream": True}, False, False),  # parts of the samples already left for the trainer
+        # its requests continue on the restarted engine
+        ({"partial": True}, True, False),
+        ({"stream": True}, False, False),  # the stream exists only in disaggregated runs
         # the training-only ranks are not in the rollout to hear of it: the step that takes it regenerates it
         ({"disaggregated": True}, False, True),
         ({"disaggregated": True, "max_staleness": 1}, False, True),
         ({"disaggregated": True, "engine_restarts": 0}, False, False),
-        ({"disaggregated": True, "partial": True}, False, False),
-        ({"disaggregated": True, "stream": True}, False, False),
+        ({"disaggregated": True, "partial": True}, False, True),
+        # its remaining parts leave at once; the trainer drops what it computed on them
+        ({"disaggregated": True, "stream": True}, False, True),
         ({"disaggregated": True, "dynamic_sampling": True}, False, False),  # its collective is mid-rollout
     ],
 )
@@ -100,4 +102,4 @@ def test_where_a_dead_engines_rollout_is_generated_again(change, in_place, on_ta
     ctx = NodeContext(cfg, SimpleNamespace(placement=placement), 0, None)
     ctx.samples_stream = object() if change.get("stream") else None
     assert rollout.regenerates_in_place(ctx) is in_place
-    assert rollout.regenerates_on_take(cfg, placement, streamed=bool(change.get("stream"))) is on_take
+    assert rollout.regenerates_on_take(cfg, placement) is on_take

@@ -221,7 +221,11 @@ def test_same_seed_gives_the_same_samples_and_a_dying_engine_is_an_error_not_a_h
 ):
     """A twin of the module's engine (same seed) gives the same samples. Then kill its scheduler while a long
     generate waits on it: EngineDiedError naming the dead process, with the log's tail; the caller survives,
-    the engine is stale and later calls fail at once; the module's engine still serves."""
+    the engine is stale and later calls fail at once; the module's engine still serves.
+    A partial rollout in flight on the twin (interrupted once by an update, so its requests hold tokens) dies
+    with it and moves to the module's engine as to a restarted one: the next update there re-issues what
+    each request had left, and every sample finishes from the tokens it had (the twin's version) with the
+    new engine's (restart_engine's path)."""
     log = tmp_path / "engine.log"
     engine = start_engine(tiny_qwen2, seed=0, log_path=log)
     try:
@@ -242,11 +246,32 @@ def test_same_seed_gives_the_same_samples_and_a_dying_engine_is_an_error_not_a_h
                 killed.set()
 
     killer = threading.Thread(target=kill_scheduler_once_generating, daemon=True)
-    killer.start()
+    module_engine = started["engine"]
+    module_version = state_of(module_engine).version
     try:
+        # versions that tell the twin's tokens from the module engine's
+        update_weights_from_disk(engine, tiny_qwen2, version=module_version + 100)
+        in_flight = partial_generation.submit(engine, PROMPTS, timeout_s=120, **LONG)
+        time.sleep(0.3)
+        update_weights_from_disk(engine, tiny_qwen2, version=module_version + 101)  # interrupts, continues
+        kept = [list(r.tokens) for r in in_flight.requests]
+        assert any(kept) and not all(r.finish_reason for r in in_flight.requests), kept
+        killer.start()
         with pytest.raises(EngineDiedError, match="engine process .* died") as raised:
             generate(engine, PROMPTS * 8, temperature=1.0, max_new_tokens=2000)  # context: 2048
         killer.join(timeout=30)
+        in_flight.move_to(module_engine)
+        assert state_of(engine).in_flight == [] and state_of(module_engine).in_flight == [in_flight]
+        update_weights_from_disk(module_engine, tiny_qwen2, version=module_version)
+        samples = in_flight.result()
+        assert state_of(module_engine).in_flight == []
+        for s, tokens in zip(samples, kept):
+            assert s.finish_reason in ("stop", "length") and len(s.response_ids) <= LONG["max_new_tokens"], s
+            assert s.response_ids[: len(tokens)] == tokens
+            assert s.token_versions[: len(tokens)] == [module_version + 100] * len(tokens), s.token_versions
+            # after the kept tokens: the module engine's version (the twin's last wave died with it)
+            assert set(s.token_versions[len(tokens) :]) <= {module_version}, s.token_versions
+        assert any(len(s.response_ids) > len(t) for s, t in zip(samples, kept))  # re-issued, not dropped
         assert killed.is_set()
         assert f"last lines of the engine log {log}" in str(raised.value)
         assert "stale" in str(pytest.raises(StaleEngineError, state_of(engine).require_fresh).value)

@@ -12,6 +12,10 @@ tokens it has, under the new weights: the prefix is prefilled again with them, a
 pause_generation(mode="retract") does, so every later token, and its log-prob, is exactly what the new
 policy gives for that prefix. `result` waits for the rest.
 
+An engine that dies with requests in flight (restarted within rollout.engine_restarts) takes them over
+as if it had been interrupted when they were last collected: RolloutWorker.restart_engine moves them to the
+new engine (`move_to`), and the sync that gives it weights continues them there.
+
 What changes with an interruption, and what does not: a continued request samples with a seed derived from
 its own and the tokens it has, so its samples still depend only on seeds, except for where the interruption
 fell, which depends on timing (a run with partial rollouts is not bit-reproducible). A stop string that
@@ -65,7 +69,12 @@ class InFlightGeneration:
         self.processor, self.timeout_s = processor, timeout_s
         self.interruptions = 0
         self._wave: _Wave | None = None
-        self._send(requests)
+        if engine_health.is_dead(engine):
+            raise engine_health.monitor_of(engine).error("submitting a rollout")
+        # An engine restarted after a death serves no weights until its next sync: the requests wait for it
+        # there (resume).
+        if state_of(engine).fresh:
+            self._send(requests)
         state_of(engine).in_flight.append(self)  # after the send: a refused one is not left registered
 
     # --- called by the engine's weight state around an update -------------------------------------------
@@ -85,6 +94,16 @@ class InFlightGeneration:
         """Continues every unfinished request under the engine's current (new) weights."""
         if self._wave is None:
             self._send([r for r in self.requests if r.finish_reason is None])
+
+    def move_to(self, engine) -> None:
+        """The engine died and `engine` replaces it (restarted, its weights stale until the next sync): each
+        request keeps what it sampled up to the last interruption, and its rest is re-issued on `engine`, as
+        a continuation with its own seed, when that engine's next update completes (resume). What the dead
+        engine sampled since the last interruption is lost with it."""
+        self._wave = None
+        self._forget()
+        self.engine = engine
+        state_of(engine).in_flight.append(self)
 
     # --- the caller ----------------------------------------------------------------------------------------
 

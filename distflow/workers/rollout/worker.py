@@ -187,9 +187,15 @@ class RolloutWorker:
                     pack_samples(prompts, [(base + prompt_index * n + j, sample)], base, self.routes_width)
                 )
 
-        in_flight = self.in_flight.pop(step, None) if balance else None
-        if in_flight is not None:  # submitted earlier (partial rollouts): what is left of it, then all of it
-            outs = in_flight.result()
+        # The training rollout submitted earlier (partial rollouts), also when it is generated again after its
+        # engine died (then unbalanced: nodes/rollout.generate_samples); never a greedy validation's.
+        in_flight = None if greedy else self.in_flight.pop(step, None)
+        if in_flight is not None:  # what is left of it, then all of it
+            try:
+                outs = in_flight.result()
+            except EngineDiedError:  # a restart of the engine re-issues its requests (restart_engine)
+                self.in_flight[step] = in_flight
+                raise
         elif chunked:
             outs = self._generate_chunks(prompts, step, greedy, sampling, group_done)
         elif self.trajectories is not None:  # multi-turn: not streamed (a trajectory ends when its env says)
@@ -220,14 +226,21 @@ class RolloutWorker:
         own prompts (rollout.balance=partition, or a single engine); no-op on ranks without an engine."""
         if not self.owner:
             return
+        what = f"submitting step {step}'s rollout"
+        self.revive_dead_engine(what)  # its requests then wait for the next sync, as the others in flight
         self.make_resident()
-        self.in_flight[step] = partial_generation.submit(
-            self.engine,
-            [p.input_ids for p in prompts],
+        submit = functools.partial(
+            partial_generation.submit,
+            prompt_ids=[p.input_ids for p in prompts],
             seed=self.sampling_seed(self.engine_index, step),
             timeout_s=self.cfg.trainer.dist_timeout_s,
             **self._sampling(eos_token_id, greedy=False, n=None),
         )
+        try:
+            self.in_flight[step] = submit(self.engine)
+        except EngineDiedError:  # died since the check above
+            self.revive_dead_engine(what)
+            self.in_flight[step] = submit(self.engine)
 
     def cancel(self, step: int) -> None:
         """Drops step `step`'s submitted rollout, if any (a rollout gone stale is generated again)."""
@@ -306,8 +319,6 @@ class RolloutWorker:
         budget = self.cfg.rollout.engine_restarts
         if self.engine_nnodes > 1:  # its other nodes' processes belong to other ranks
             return "an engine spanning nodes is not restarted in place"
-        if self.in_flight:  # their requests died with it, and partial rollouts cannot be re-issued
-            return f"partial rollouts of steps {sorted(self.in_flight)} were in flight on it"
         if self.engine_restarts >= budget:
             return f"engine {self.engine_index} has used its {budget} restart(s) in this attempt: rollout.engine_restarts"
         return None
@@ -319,9 +330,8 @@ class RolloutWorker:
         return self._why_not_restartable()
 
     def raise_unless_restartable(self, died: Exception) -> None:
-        """Raises `died` when the engine cannot be restarted in place (its restarts spent, partial rollouts in
-        flight, an engine over nodes): the job then stops, and a torchrun restart resumes it from its last
-        checkpoint."""
+        """Raises `died` when the engine cannot be restarted in place (its restarts spent, an engine over
+        nodes): the job then stops, and a torchrun restart resumes it from its last checkpoint."""
         why = self._why_not_restartable()
         if why is not None:
             raise EngineDiedError(f"{died}\n({why})") from died
@@ -330,10 +340,18 @@ class RolloutWorker:
         """Owner of a dead engine: stops what is left of it and starts it again from model.path, with the
         version count it had. Its weights are stale (generate refuses them) until the next weight sync loads
         the actor's current ones through the normal path; the resharder picks the new engine up there.
+        Partial rollouts in flight on it move to the new engine, and that sync continues their unfinished
+        requests there (partial_generation.InFlightGeneration.move_to).
         cause: what happened to it, for the log line."""
+        moved = (
+            f"; the unfinished requests of the rollouts of steps {sorted(self.in_flight)} in flight on it are "
+            "re-issued after the next weight sync"
+            if self.in_flight
+            else ""
+        )
         print(
             f"[rollout] engine {self.engine_index} {cause}; it restarts ({self.engine_restarts + 1} of "
-            f"rollout.engine_restarts={self.cfg.rollout.engine_restarts})",
+            f"rollout.engine_restarts={self.cfg.rollout.engine_restarts}){moved}",
             flush=True,
         )
         dead, version = self.engine, state_of(self.engine).version
@@ -348,14 +366,17 @@ class RolloutWorker:
             "until the next weight sync"
         )
         self.released = set()
+        for generation in self.in_flight.values():
+            generation.move_to(self.engine)
 
-    def revive_dead_engine(self) -> None:
-        """Before a weight sync, on every rank: an owner whose engine died outside a rollout (between steps,
-        or in a failed sync) restarts it, within rollout.engine_restarts."""
+    def revive_dead_engine(self, before: str = "the weight sync") -> None:
+        """An owner whose engine died outside a rollout (between steps, in a failed sync, with partial
+        rollouts in flight) restarts it, within rollout.engine_restarts: before a weight sync (on every
+        rank), or before submitting a partial rollout."""
         if not self.owner or not engine_health.is_dead(self.engine):
             return
         monitor = engine_health.monitor_of(self.engine)
-        self.raise_unless_restartable(monitor.error("the weight sync"))
+        self.raise_unless_restartable(monitor.error(before))
         self.restart_engine(f"is dead ({monitor.dead_reason})")
 
     def load_weights(self, named_tensors) -> None:
