@@ -110,8 +110,8 @@ def main(argv=None) -> int:
         help="rollout.stream_chunks (> 1: disaggregated lock-step only)",
     )
     args = parser.parse_args(argv)
-    if args.partial and args.max_staleness < 1:
-        parser.error("--partial needs --max-staleness >= 1 (rollouts submitted ahead)")
+    if args.partial and (args.max_staleness < 1 or args.placement != "disaggregated"):
+        parser.error("--partial needs --placement disaggregated and --max-staleness >= 1 (rollout.partial)")
     if args.stream_chunks > 1 and (args.placement != "disaggregated" or args.max_staleness):
         parser.error("--stream-chunks > 1 needs --placement disaggregated and --max-staleness 0")
     faults = [f.strip() for f in args.faults.split(",")]
@@ -293,12 +293,20 @@ def _faulted_run(model, data, out: Path, fault: str, after_step: int, rng, args)
 def _strike(job, out: Path, fault: str, after_step: int, rng, outcome: Outcome) -> None:
     """Waits for step `after_step`'s metrics row, then hits one process of the job's first attempt."""
     metrics = out / "metrics.jsonl"
+    seen, step_s = 0, 1.0  # rows so far; the last step's duration (disaggregated steps take well under 1 s)
+    last = time.monotonic()
     while job.poll() is None:
-        rows = metrics.read_text().splitlines() if metrics.is_file() else []
-        if len(rows) >= after_step:
+        rows = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+        if rows > seen:
+            now = time.monotonic()
+            if seen:
+                step_s = (now - last) / (rows - seen)
+            seen, last = rows, now
+        if rows >= after_step:
             break
-        time.sleep(0.2)
-    time.sleep(rng.uniform(0.0, 1.0))  # somewhere inside the next step: generation, scoring, training, sync
+        time.sleep(0.05)
+    # somewhere inside the next step: generation, scoring, training, sync
+    time.sleep(rng.uniform(0.0, min(1.0, step_s)))
     targets = _targets(job.pid, fault)
     if not targets:
         return

@@ -253,13 +253,20 @@ class LookaheadRollout:
 
     def settle(self) -> None:
         """Runs the stage of every submitted rollout (collective, every rank alike): before a checkpoint, so
-        it saves their samples. Their remaining tokens are sampled with the weights they would have had."""
+        it saves their samples. Their remaining tokens are sampled with the weights they would have had.
+        One lost with its engine, the later ones are too (the restarted engine serves no weights until a
+        sync): the steps that take them generate them again, their requests continued on the new engine."""
+        lost = None
         for step in sorted(self.ahead):
             rollout = self.ahead[step]
-            if rollout.submitted:
-                self.ahead[step] = self._generate(
-                    step, rollout.prompts, _StepRecord(), version=rollout.version
-                )
+            if not rollout.submitted:
+                continue
+            if lost is not None:
+                self.ahead[step] = Rollout(step, rollout.prompts, rollout.version, lost=lost)
+                continue
+            self.ahead[step] = self._generate(step, rollout.prompts, _StepRecord(), version=rollout.version)
+            if self.ahead[step].lost is not None:
+                lost = f"its engine restarted in step {step}'s rollout ({self.ahead[step].lost})"
 
     def _next_prompts(self):
         return next(self.loader) if self.loader is not None else None

@@ -65,8 +65,7 @@ def regenerates_in_place(ctx) -> bool:
     restarts allowed (rollout.engine_restarts), every rank an engine owner's (colocated: all take part in
     the weight sync the restarted engine needs) and the samples leaving whole. Any
     rollout.max_staleness: colocated ranks generate before they train a step, so the actor has not moved
-    since the sync that made the rollout's weights, and syncing again gives them back. A partial rollout's
-    requests continue on the restarted engine from what they had sampled (its worker keeps them).
+    since the sync that made the rollout's weights, and syncing again gives them back.
     Otherwise (and not regenerates_on_take) such a death stops the job, and a torchrun restart resumes it
     from its last checkpoint."""
     r = ctx.cfg.rollout

@@ -75,13 +75,12 @@ def test_partial_fraction_counts_the_tokens_sampled_before_an_interrupting_sync(
         ({"engine_restarts": 0}, False, False),
         # colocated ranks generate before they train: the actor still holds the rollout's weights
         ({"max_staleness": 1}, True, False),
-        # its requests continue on the restarted engine
-        ({"partial": True}, True, False),
         ({"stream": True}, False, False),  # the stream exists only in disaggregated runs
         # the training-only ranks are not in the rollout to hear of it: the step that takes it regenerates it
         ({"disaggregated": True}, False, True),
         ({"disaggregated": True, "max_staleness": 1}, False, True),
         ({"disaggregated": True, "engine_restarts": 0}, False, False),
+        # its requests continue on the restarted engine (partial rollouts need the disaggregated placement)
         ({"disaggregated": True, "partial": True}, False, True),
         # its remaining parts leave at once; the trainer drops what it computed on them
         ({"disaggregated": True, "stream": True}, False, True),
