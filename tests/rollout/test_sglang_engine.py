@@ -411,7 +411,7 @@ def test_a_weight_update_interrupts_and_continues_generation_in_flight(started, 
 def test_a_failed_update_leaves_generation_interrupted_and_the_caller_told(started, tiny_qwen2):
     """The update fails after it interrupted the requests: the generation is not continued on weights that
     are half loaded; result() raises StaleEngineError at once instead of waiting, and the next complete
-    update serves again."""
+    update serves again. A generation submitted meanwhile is sent once that update completes."""
     engine = started["engine"]
     version = state_of(engine).version
 
@@ -428,5 +428,11 @@ def test_a_failed_update_leaves_generation_interrupted_and_the_caller_told(start
         in_flight.result()
     assert time.monotonic() - start < 5
     assert state_of(engine).in_flight == []
+    # Submitted while stale (an engine restarted after a death): the requests wait for the next update.
+    waiting = partial_generation.submit(engine, PROMPTS, timeout_s=120, **SAMPLING)
+    assert state_of(engine).in_flight == [waiting] and waiting.requests[0].tokens == []
     update_weights_from_disk(engine, tiny_qwen2, version=version)
+    samples = waiting.result()
+    assert len(samples) == len(PROMPTS) * SAMPLING["n"], samples
+    assert all(s.token_versions == [version] * len(s.response_ids) and s.response_ids for s in samples)
     assert greedy(engine)

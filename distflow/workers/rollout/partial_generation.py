@@ -216,8 +216,9 @@ class InFlightGeneration:
 def submit(engine, prompt_ids: list[list[int]], timeout_s: float = 3600.0, **sampling) -> InFlightGeneration:
     """Sends the requests sglang_engine.generate(engine, prompt_ids, **sampling) would (same keyword
     arguments, same seeds) and returns once the engine has them; the engine generates while the caller goes
-    on. timeout_s bounds every later wait on it."""
-    _, requests, kwargs = sglang_engine.prepare_requests(engine, prompt_ids, **sampling)
+    on; to an engine whose weights are stale (restarted after a death), they are sent once its next update
+    completes. timeout_s bounds every later wait on it."""
+    _, requests, kwargs = sglang_engine.prepare_requests(engine, prompt_ids, fresh_only=False, **sampling)
     processors = kwargs["custom_logit_processor"]
     return InFlightGeneration(
         engine,

@@ -336,14 +336,17 @@ def prepare_requests(
     stop=None,
     seed=None,
     first_prompt_index=0,
+    fresh_only=True,
 ):
     """(weight version, [(prompt index, sample index)], keyword arguments of SGLang's generate) for a call
-    (sglang_engine.generate's arguments)."""
+    (sglang_engine.generate's arguments). fresh_only=False: also for an engine whose weights are stale now
+    (partial_generation sends such requests once an update completes)."""
     monitor = engine_health.monitor_of(engine)
     if monitor is not None and monitor.dead_reason is not None:
         raise monitor.error("generate")
     state = state_of(engine)
-    state.require_fresh()
+    if fresh_only:
+        state.require_fresh()
     requests = [(first_prompt_index + i, j) for i in range(len(prompt_ids)) for j in range(n)]
     from distflow.workers.rollout import seeded_sampling  # noqa: PLC0415 - imports SGLang: only once an engine runs
 
