@@ -120,10 +120,28 @@ def _from_bytes(buf: torch.Tensor) -> PackedBatch:
     )
 
 
+def driver_shares(bufs: list, consumer: PlacedLayout):
+    """Rank 0's own work between its gather and its sends: unpacks and concatenates the N shards, balances
+    the groups over the consumer DP ranks, and yields (dp, packed share) per DP rank, each share an index
+    select and a torch.cat of the whole batch's rows. (tools/validate_simulator.py times it alone.)"""
+    everything = PackedBatch.concat([_from_bytes(b) for b in bufs])
+    groups, items = np.unique(everything.groups.numpy(), return_inverse=True)
+    weights = np.bincount(items, weights=everything.lengths.numpy()).astype(np.int64)
+    dp_of_group = balanced_partition(weights, consumer.layout.dp)
+    order = np.argsort(everything.sample_ids.numpy())
+    for d in range(consumer.layout.dp):
+        share = order[dp_of_group[items[order]] == d]
+        yield d, _to_bytes(everything.select(torch.from_numpy(share)))
+
+
 def single_controller(batch: PackedBatch, consumer: PlacedLayout, stats: dict) -> PackedBatch:
-    """Rank 0 gathers every shard, balances groups over consumer DP ranks, and sends each rank its share."""
+    """Rank 0 gathers every shard, balances groups over consumer DP ranks, and sends each rank its share.
+    stats["timeline"]: time.monotonic() stamps of its phases (packed, gathered, split: the shares packed and posted, sent)."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    t = stats.setdefault("timeline", {})
+    t["started"] = time.monotonic()
     mine = _to_bytes(batch)
+    t["packed"] = time.monotonic()
     size = torch.tensor([mine.numel()])
     sizes = [torch.zeros(1, dtype=torch.long) for _ in range(world)] if rank == 0 else None
     dist.gather(size, sizes, dst=0)
@@ -131,24 +149,20 @@ def single_controller(batch: PackedBatch, consumer: PlacedLayout, stats: dict) -
         bufs = [mine] + [torch.empty(int(s), dtype=torch.uint8) for s in sizes[1:]]
         for w in [dist.irecv(bufs[r], r) for r in range(1, world)]:
             w.wait()
+        t["gathered"] = time.monotonic()
         stats["received"] += sum(int(s) for s in sizes[1:])
-        everything = PackedBatch.concat([_from_bytes(b) for b in bufs])
-        groups, items = np.unique(everything.groups.numpy(), return_inverse=True)
-        weights = np.bincount(items, weights=everything.lengths.numpy()).astype(np.int64)
-        dp_of_group = balanced_partition(weights, consumer.layout.dp)
-        order = np.argsort(everything.sample_ids.numpy())
         works, result = [], None
-        for d in range(consumer.layout.dp):
-            share = order[dp_of_group[items[order]] == d]
-            payload = _to_bytes(everything.select(torch.from_numpy(share)))
+        for d, payload in driver_shares(bufs, consumer):
             for dst in consumer.dp_ranks(d):
                 if dst == 0:
                     result = _from_bytes(payload)
                     continue
                 works += [dist.isend(torch.tensor([payload.numel()]), dst), dist.isend(payload, dst)]
                 stats["sent"] += payload.numel()
+        t["split"] = time.monotonic()
         for w in works:
             w.wait()
+        t["sent"] = time.monotonic()
         return result
     dist.send(mine, 0)
     stats["sent"] += mine.numel()
@@ -156,6 +170,7 @@ def single_controller(batch: PackedBatch, consumer: PlacedLayout, stats: dict) -
     dist.recv(size, 0)
     buf = torch.empty(int(size), dtype=torch.uint8)
     dist.recv(buf, 0)
+    t["received"] = time.monotonic()
     stats["received"] += buf.numel()
     return _from_bytes(buf)
 
@@ -227,7 +242,15 @@ def worker(args):
         return out
 
     def baseline(stats):
-        return single_controller(batch, consumer, stats)
+        out = single_controller(batch, consumer, stats)
+        if os.environ.get("BENCH_TIMELINE"):
+            t = stats.pop("timeline")
+            print(
+                f"rank {rank} baseline "
+                + " ".join(f"{k}={1000 * (v - t['started']):.0f}ms" for k, v in t.items()),
+                flush=True,
+            )
+        return out
 
     results = {"coordinator": [], "baseline": []}
     for round_ in range(args.repeats + 1):

@@ -22,18 +22,21 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import bench_data_plane as bench  # tools/, beside this script
 import numpy as np
 
 from distflow.config import resolve
 from distflow.coordination.data.layouts import PlacedLayout
+from distflow.coordination.data.transport import Receiver, outgoing
 from distflow.layout import ParallelLayout, Placement
 from distflow.models.tiny import make_tiny_model
 from distflow.plan.model_size import ModelArch
 from distflow.plan.reshard_estimate import estimate_reshard
 from distflow.plan.simulate import calibrate
+from distflow.plan.simulate.best_time import median_seconds
 from distflow.plan.simulate.data_movement import Link, multi_controller_seconds, plan_edge
 from distflow.plan.simulate.hardware_profile import Knobs, load_profile
-from distflow.plan.simulate.step import allgather_seconds, driver_of, simulate_step
+from distflow.plan.simulate.step import allgather_seconds, simulate_step
 from distflow.plan.simulate.weight_sync import weight_sync_seconds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,25 +87,70 @@ def predict_data_plane(profile, ranks: int) -> tuple[float, float]:
     plan, planning_s = plan_edge(producer, consumer, lengths, DP_SAMPLES, DP_FIELDS)
     share = min(1.0, profile.cores.value / ranks)  # N processes on the host's cores
     link = Link(profile.intra_bandwidth.value * share, profile.intra_latency.value / share)
-    memcpy = profile.memcpy_bandwidth.value * share
-    # Each rank copies what it holds (sorted by id) and unpacks what it receives: one memcpy each.
-    copies = max(
-        (lengths[plan.table.holders == r].sum() * 12 + plan.bytes_received(r)) / memcpy for r in range(ranks)
-    )
     gather = allgather_seconds(ranks, link, link, ranks)
-    # every rank computes the same plan (timed here, on this machine), N of them on the cores
-    coordinator = multi_controller_seconds(plan, ranks, link, link, gather) + copies + planning_s / share
-    # Baseline: the single-controller model of the step simulator (step.driver_of): rank 0 gathers every
-    # other rank's shard and scatters each training rank its share, serializing each byte once, each
-    # sample an object, one message per peer and direction.
+    # Each rank's own CPU work besides the messages (sorting its batch, the plan, packing what it sends,
+    # placing what it keeps and receives), timed here alone per rank. N ranks on C cores: the kernel
+    # shares the cores, so the work ends no sooner than the busiest rank's own and than all ranks' work
+    # spread over the cores; the messages then cross the shared link.
+    work = rank_work_seconds(plan, planning_s, ranks)
+    cpu = max(max(work), sum(work) / min(ranks, profile.cores.value))
+    coordinator = multi_controller_seconds(plan, ranks, link, link, gather) + cpu
+    # Baseline: what the bench's single_controller does (tools/bench_data_plane.py), not a Ray driver's
+    # pickling (step.driver_of): every rank packs its shard with torch.cat (N ranks at once on the
+    # cores, a memcpy each); rank 0 receives the other N - 1 shards (a message each, gloo one way into
+    # one process), then unpacks, balances, selects and packs every consumer DP rank's share in its one
+    # process (driver_shares: index copies of sample runs, slower than one memcpy, so timed here on the
+    # bench's own shards, as the plan is), and sends each share to both TP ranks (a size and a payload
+    # message each, gloo one way out of one process). Whole tensors: no per-sample objects.
     payload = float(lengths.sum()) * 12
     received = payload * (ranks - 1) / ranks
     sent = payload * 2 - payload / (ranks // 2)  # every DP share to its 2 TP ranks, but rank 0's own
-    driver = replace(driver_of(profile), rpc_s=profile.intra_latency.value / share)
-    baseline = driver.move_seconds(received, len(lengths), ranks - 1) + driver.move_seconds(
-        sent, len(lengths), ranks - 1
+    nic, latency = profile.driver_nic_bandwidth.value, profile.intra_latency.value
+    own_pack = payload / ranks / (profile.memcpy_bandwidth.value * share)
+    baseline = (
+        own_pack
+        + received / nic
+        + (ranks - 1) * latency
+        + time_driver_shares(ranks, consumer)
+        + sent / nic
+        + 2 * (ranks - 1) * latency
     )
     return coordinator, baseline
+
+
+def bench_args() -> argparse.Namespace:
+    """The bench's defaults that rollout_shard reads."""
+    return argparse.Namespace(
+        seed=DP_SEED, prompts=DP_PROMPTS, samples=DP_SAMPLES, min_len=DP_MIN, max_len=DP_MAX
+    )
+
+
+def rank_work_seconds(plan, planning_s: float, ranks: int) -> list[float]:
+    """Each rank's CPU work in DataCoordinator._execute besides the metadata all-gather and the messages:
+    sorting its batch by id, the plan (planning_s: the same on every rank), packing the runs it sends
+    (transport.outgoing) and placing the runs it keeps and receives (transport.Receiver), on the bench's
+    own shard with the real plan, timed alone in this process (the median of 3 after a warm-up). These
+    copies are of sample runs, not one memcpy, so they are timed rather than taken at the memcpy rate."""
+    out = []
+    for rank in range(ranks):
+        batch = bench.rollout_shard(bench_args(), rank, ranks)[0]
+
+        def work():
+            local = batch.sorted_by_id()
+            outgoing(plan, rank, local, "cpu")
+            receiver = Receiver(plan, rank, local, "cpu")
+            receiver.copy_kept()
+            receiver.finish()
+
+        out.append(planning_s + median_seconds(work, repeats=3))
+    return out
+
+
+def time_driver_shares(ranks: int, consumer: PlacedLayout) -> float:
+    """Rank 0's work between gather and scatter in the bench's baseline (bench_data_plane.driver_shares),
+    on the bench's own N shards, timed alone in this process: the median of 3 runs after a warm-up."""
+    bufs = [bench._to_bytes(bench.rollout_shard(bench_args(), r, ranks)[0]) for r in range(ranks)]
+    return median_seconds(lambda: list(bench.driver_shares(bufs, consumer)), repeats=3)
 
 
 def measure_data_plane(ranks: int, repeats: int) -> tuple[float, float]:

@@ -45,7 +45,7 @@ def seven_b(gpus: int):
 def test_a_transfer_is_bytes_over_bandwidth_plus_a_latency_per_message():
     assert Link(bandwidth=1e9, latency=1e-5).seconds(2e9, messages=10) == pytest.approx(2.0 + 1e-4)
     assert Link(bandwidth=1e9, latency=1e-5).seconds(0, messages=0) == 0.0
-    driver = Driver(serialize_bandwidth=1e9, nic_bandwidth=4e9, per_object_s=1e-6, rpc_s=1e-3)
+    driver = Driver(pack_bandwidth=1e9, nic_bandwidth=4e9, per_object_s=1e-6, rpc_s=1e-3)
     # 1 GB serialized (1 s) and through the NIC (0.25 s), 1000 objects, 8 calls
     assert driver.move_seconds(1e9, 1000, 8) == pytest.approx(1.0 + 0.25 + 1e-3 + 8e-3)
 

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 from distflow.models.conversion import HFCheckpoint
 from distflow.plan.simulate import megatron_probe
-from distflow.plan.simulate.best_time import best_seconds
+from distflow.plan.simulate.best_time import median_seconds
 from distflow.plan.simulate.hardware_profile import Knobs
 from distflow.rewards.registry import load_scorer, scorer_path
 from distflow.testing.launch import torchrun
@@ -39,21 +39,21 @@ P2P_BYTES = 32 * MiB
 def measure_memcpy(nbytes: int = 64 * MiB) -> float:
     src = torch.ones(nbytes // 4)
     dst = torch.empty_like(src)
-    return nbytes / best_seconds(lambda: dst.copy_(src))
+    return nbytes / median_seconds(lambda: dst.copy_(src))
 
 
 def measure_serialization(nbytes: int = 32 * MiB, objects: int = 20000) -> tuple[float, float]:
     """(bytes/s of pickling and unpickling a tensor payload, seconds per small per-sample record)."""
     payload = {"input_ids": torch.ones(nbytes // 8, dtype=torch.int64)}
-    per_mb = best_seconds(lambda: pickle.loads(pickle.dumps(payload)))
+    per_mb = median_seconds(lambda: pickle.loads(pickle.dumps(payload)))
     records = [{"id": i, "group": i // 8, "length": 100 + i % 50, "score": 0.5} for i in range(objects)]
-    per_object = best_seconds(lambda: pickle.loads(pickle.dumps(records)), repeats=3) / objects
+    per_object = median_seconds(lambda: pickle.loads(pickle.dumps(records)), repeats=3) / objects
     return nbytes / per_mb, per_object
 
 
 def measure_matmul_flops(n: int = 512) -> float:
     a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2 * n**3 / best_seconds(lambda: a @ b)
+    return 2 * n**3 / median_seconds(lambda: a @ b)
 
 
 def measure_scorer(cfg, samples: int = 2000) -> tuple[float, str]:
@@ -102,13 +102,13 @@ def _gloo_worker(rank: int, init_file: str, out):
         for _ in range(100):
             dist.all_gather(parts, small.expand(16).contiguous())
 
-    barrier_s = best_seconds(lambda: dist.barrier())
+    barrier_s = median_seconds(lambda: dist.barrier())
     results = {
         # The median of single round trips: a shared machine's preemptions land in the tail, not the median.
         "latency": statistics.median(round_trip() for _ in range(300)) / 2,
-        "one_way": P2P_BYTES / (best_seconds(one_way) - barrier_s),
-        "both_ways": P2P_BYTES / best_seconds(both_ways),
-        "allgather_latency": best_seconds(allgather) / 100,
+        "one_way": P2P_BYTES / (median_seconds(one_way) - barrier_s),
+        "both_ways": P2P_BYTES / median_seconds(both_ways),
+        "allgather_latency": median_seconds(allgather) / 100,
     }
     if rank == 0:
         out.put(results)
@@ -129,18 +129,51 @@ def measure_gloo() -> dict:
     return results
 
 
+def _descendants_cpu_seconds() -> float:
+    """User + system CPU seconds used so far by the live descendants of this process (from /proc)."""
+    parent, ticks = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = open(f"/proc/{entry}/stat").read()
+        except OSError:  # exited meanwhile
+            continue
+        rest = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid ... utime stime
+        parent[int(entry)], ticks[int(entry)] = int(rest[1]), int(rest[11]) + int(rest[12])
+    mine, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - mine
+        mine |= frontier
+    return sum(ticks[pid] for pid in mine) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_idle_engine_cores(engine, seconds: float = 2.0) -> float:
+    """CPU cores an engine with nothing to do keeps busy while its memory is released (as a colocated
+    engine is while the trainer trains): SGLang's scheduler polls its sockets in a loop unless started
+    with sleep_on_idle, so on a CPU host it competes with the training ranks for the cores."""
+    release_memory(engine)
+    try:
+        time.sleep(0.2)
+        start_cpu, start = _descendants_cpu_seconds(), time.perf_counter()
+        time.sleep(seconds)
+        return (_descendants_cpu_seconds() - start_cpu) / (time.perf_counter() - start)
+    finally:
+        resume_memory(engine)
+
+
 def measure_engine(model_dir: str, batch: int = 64) -> dict:
     """One SGLang engine (TP 1) on the model: a decode iteration's cost at batch 1 and `batch` (from
     max_new_tokens 9 vs 1, EOS ignored), each request's own cost, a weight update of all and of half the
-    tensors (a fixed cost and one per tensor), and a release +
+    tensors (a fixed cost and one per tensor), a release +
     resume of the engine's memory (what a colocated engine does every step with
-    rollout.release_memory_in_training)."""
+    rollout.release_memory_in_training), and the CPU cores the released, idle engine keeps busy."""
     engine = start_engine(model_dir, tp=1)
     try:
         prompt = [[1, 2, 3, 4, 5, 6, 7, 8]]
 
         def run(b, tokens):
-            return best_seconds(
+            return median_seconds(
                 lambda: generate(
                     engine, prompt * b, max_new_tokens=tokens, stop_token_ids=[], temperature=1.0
                 ),
@@ -153,9 +186,9 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
         request = max(0.0, (t[(batch, 1)] - t[(1, 1)]) / (batch - 1))
         checkpoint = HFCheckpoint(model_dir)
         tensors = [(name, checkpoint.get(name)) for name in checkpoint.names()]
-        update = best_seconds(lambda: update_weights_from_tensors(engine, tensors), repeats=3)
+        update = median_seconds(lambda: update_weights_from_tensors(engine, tensors), repeats=3)
         half = tensors[: len(tensors) // 2]
-        update_half = best_seconds(lambda: update_weights_from_tensors(engine, half), repeats=3)
+        update_half = median_seconds(lambda: update_weights_from_tensors(engine, half), repeats=3)
         per_tensor = max(0.0, (update - update_half) / (len(tensors) - len(half)))
 
         def release_resume():
@@ -163,7 +196,9 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
             resume_memory(engine)
             update_weights_from_tensors(engine, tensors)  # released weights come back empty
 
-        cycle = best_seconds(release_resume, repeats=3) - update
+        cycle = median_seconds(release_resume, repeats=3) - update
+        idle_cores = measure_idle_engine_cores(engine)
+        update_weights_from_tensors(engine, tensors)
     finally:
         shutdown_engine(engine)
     return {
@@ -176,6 +211,7 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
         "engine_update_tensors": len(tensors),
         "release_resume_s": max(0.0, cycle),
         "engine_update_bytes": sum(v.numel() * v.element_size() for _, v in tensors),
+        "idle_cpu_cores": idle_cores,
     }
 
 

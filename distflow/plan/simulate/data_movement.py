@@ -111,18 +111,28 @@ def multi_controller_seconds(
 
 @dataclass(frozen=True)
 class Driver:
-    """The single controller's costs per byte, object and call."""
+    """The single controller's costs per byte, object and call.
 
-    serialize_bandwidth: float
-    """Bytes/s the driver serializes (and a worker deserializes) a payload."""
+    What a byte costs the driver depends on how the modeled implementation turns its workers' data into
+    messages, and pack_bandwidth is the rate of that packing. A Ray-based single controller (verl's,
+    the paper's baseline) pickles every payload into Ray's object store and unpickles it on the other side
+    (step.driver_of: the profile's serialize_bandwidth, pickle.dumps + loads). A driver that moves whole
+    tensors packs them with copies instead: tools/validate_simulator.py models the data-plane bench's
+    torch.cat baseline by its own copies, not by this class."""
+
+    pack_bandwidth: float
+    """Bytes/s the driver packs (and a worker unpacks) a payload."""
     nic_bandwidth: float
+    """Bytes/s into or out of the driver's process (its NIC; gloo one way into one process on a CPU)."""
     per_object_s: float
+    """Seconds per sample object the driver handles (0 where it moves whole tensors)."""
     rpc_s: float
+    """Seconds per call or message to one worker."""
 
     def move_seconds(self, nbytes: float, objects: int, workers: int) -> float:
         """One gather or one scatter through the driver: serial in the driver's one process."""
         return (
-            nbytes / self.serialize_bandwidth
+            nbytes / self.pack_bandwidth
             + nbytes / self.nic_bandwidth
             + objects * self.per_object_s
             + workers * self.rpc_s

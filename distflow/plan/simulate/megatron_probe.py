@@ -16,7 +16,7 @@ from distflow import distributed
 from distflow.config import resolve
 from distflow.config.__main__ import split_config_args
 from distflow.layout import ParallelLayout, Placement
-from distflow.plan.simulate.best_time import best_seconds
+from distflow.plan.simulate.best_time import median_seconds
 from distflow.workers.megatron.worker import MegatronWorker
 
 
@@ -62,8 +62,8 @@ def main(argv=None):
     for rows in (ns.rows, max(1, ns.rows // 2)):
         batch = synthetic_batch(rows, ns.seq, vocab)
         result[rows] = {
-            "forward_s": best_seconds(lambda: worker.compute_logprobs(batch)),
-            "train_s": best_seconds(lambda: worker.train_step(batch, policy_gradient_loss)),
+            "forward_s": median_seconds(lambda: worker.compute_logprobs(batch)),
+            "train_s": median_seconds(lambda: worker.train_step(batch, policy_gradient_loss)),
             "tokens": rows * ns.seq,
         }
     if env.rank == 0:

@@ -163,6 +163,8 @@ def simulate_step(
     # --- Megatron passes ------------------------------------------------------------------------------
     pipeline = load_pipeline(cfg)
     nodes = pipeline.validate()
+    ranks_on_host = min(len(p.train_ranks), per_node)
+    engine_ranks_on_host = min(len(p.rollout_ranks), per_node)
     logprob_s = train_s = 0.0
     for node in nodes:
         if node.role not in ("actor", "ref", "critic"):
@@ -205,8 +207,11 @@ def simulate_step(
             seconds = (
                 steps * measured[f"{kind}_fixed_s"] + tokens_per_dp * epochs * measured[f"{kind}_s_per_token"]
             )
+            seconds *= cpu_contention(
+                profile, ranks_on_host, engine_ranks_on_host, measured["tp"] * measured["pp"]
+            )
         else:
-            seconds = t.seconds
+            seconds = t.seconds * cpu_contention(profile, ranks_on_host, engine_ranks_on_host, 1)
         if trains:
             train_s += seconds
         else:
@@ -267,6 +272,25 @@ def simulate_step(
     return out
 
 
+def cpu_contention(profile: Profile, trainers: int, engines: int, calibrated_with: int) -> float:
+    """How much slower a CPU-bound Megatron pass runs in the job than where its cost was measured, on a
+    host with fewer cores than busy processes (a CPU machine): the kernel shares the cores fairly, so N
+    busy processes on C cores each get C / N of a core. In the job, `trainers` training processes run
+    beside `engines` engine processes, and an engine with nothing to do still keeps
+    measured["engine"]["idle_cpu_cores"] busy (SGLang's scheduler polls its sockets unless started with
+    sleep_on_idle; --calibrate measures it); the measurement ran `calibrated_with` training processes
+    alone. 1 without that measurement (GPU profiles: the passes run on the GPUs)."""
+    idle = profile.measured.get("engine", {}).get("idle_cpu_cores", 0.0)
+    if not idle:
+        return 1.0
+    cores = profile.cores.value
+
+    def slowdown(busy: float) -> float:
+        return max(1.0, busy / cores)
+
+    return slowdown(trainers + engines * idle) / slowdown(calibrated_with)
+
+
 def allgather_seconds(gpus: int, inter: Link, intra: Link, per_node: int) -> float:
     """A small all-gather (or barrier) over `gpus` ranks: a ring's (ranks - 1) latencies, inter-node hops
     at the inter-node latency."""
@@ -275,8 +299,11 @@ def allgather_seconds(gpus: int, inter: Link, intra: Link, per_node: int) -> flo
 
 
 def driver_of(profile: Profile) -> Driver:
+    """A Ray-based single controller (verl's, the paper's baseline): every payload is pickled into the
+    object store and unpickled by its reader (serialize_bandwidth: pickle.dumps + loads), each sample a
+    Python object, each worker a remote call."""
     return Driver(
-        serialize_bandwidth=profile.serialize_bandwidth.value,
+        pack_bandwidth=profile.serialize_bandwidth.value,
         nic_bandwidth=profile.driver_nic_bandwidth.value,
         per_object_s=profile.serialize_per_object.value,
         rpc_s=profile.rpc_latency.value,
