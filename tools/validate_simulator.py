@@ -7,7 +7,7 @@ step time at 2 ranks. Prints predicted vs measured and the error of each; the la
 
 Predictions use only the calibrated profile (python -m distflow.plan CONFIG --calibrate) and the planner's
 own data and reshard plans; nothing measured by a bench feeds its own prediction. The main job runs the
-same torchrun command as ci/quickstart.sh (without its setup step), 3 steps; its first step (warm-up,
+same torchrun command as ci/quickstart.sh (without its setup step), 5 steps; its first step (warm-up,
 first weight sync) is left out of the measured median, as the simulator predicts a steady-state step.
 """
 
@@ -36,13 +36,14 @@ from distflow.plan.simulate import calibrate
 from distflow.plan.simulate.best_time import median_seconds
 from distflow.plan.simulate.data_movement import Link, multi_controller_seconds, plan_edge
 from distflow.plan.simulate.hardware_profile import Knobs, load_profile
-from distflow.plan.simulate.step import allgather_seconds, simulate_step
+from distflow.plan.simulate.step import allgather_seconds, host_links, simulate_step
 from distflow.plan.simulate.weight_sync import weight_sync_seconds
 
 REPO = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.25
 MAIN_JOB_CONFIG = "examples/configs/grpo_copy_cpu.yaml"
 MAIN_JOB_MODEL = "outputs/tiny-qwen2-h128"
+MAIN_JOB_STEPS = 5  # step 1 (warm-up, first weight sync) left out; the median of steps 2-5 is measured
 # The copy task's lengths, by construction (tools/prepare_data.py copy --digits 4): a prompt is the chat
 # template around 4 digits, "user\n1234\nassistant\n" (~22 tokens of data.max_prompt_length 64), the
 # answer 4 digits + EOS (5 of rollout.max_new_tokens 8), nearly always.
@@ -86,8 +87,8 @@ def predict_data_plane(profile, ranks: int) -> tuple[float, float]:
     lengths = bench_lengths()
     plan, planning_s = plan_edge(producer, consumer, lengths, DP_SAMPLES, DP_FIELDS)
     share = min(1.0, profile.cores.value / ranks)  # N processes on the host's cores
-    link = Link(profile.intra_bandwidth.value * share, profile.intra_latency.value / share)
-    gather = allgather_seconds(ranks, link, link, ranks)
+    link, _ = host_links(profile, ranks)
+    gather = allgather_seconds(ranks, link, link, ranks, profile)
     # Each rank's own CPU work besides the messages (sorting its batch, the plan, packing what it sends,
     # placing what it keeps and receives), timed here alone per rank. N ranks on C cores: the kernel
     # shares the cores, so the work ends no sooner than the busiest rank's own and than all ranks' work
@@ -235,7 +236,7 @@ def measure_main_job() -> float:
             MAIN_JOB_CONFIG,
             f"model.path={MAIN_JOB_MODEL}",
             f"trainer.output_dir={out_dir}",
-            "trainer.total_steps=3",
+            f"trainer.total_steps={MAIN_JOB_STEPS}",
         ],
         960,
     )
@@ -296,10 +297,11 @@ def main(argv=None):
         measured, steps = measure_main_job()
         for phase, seconds in predicted.phases.items():
             print(f"  predicted {phase:<9} {seconds:7.3f} s", flush=True)
-        last = steps[-1]
+        steady = [s for s in steps if s.get("step", 0) > 1]
+        keys = sorted({k for s in steady for k in s if k.startswith("timing_s/")})
         print(
-            "  measured  "
-            + ", ".join(f"{k[9:]}={v:.3f}" for k, v in last.items() if k.startswith("timing_s/"))
+            "  measured  (median of steps 2-5) "
+            + ", ".join(f"{k[9:]}={statistics.median(s[k] for s in steady if k in s):.3f}" for k in keys)
         )
         record("README main job, step time, 2 ranks", predicted.seconds, measured)
     errors = [abs(p - m) / m for _, p, m in rows]

@@ -11,6 +11,7 @@ import pytest
 from distflow.config import resolve
 from distflow.plan.__main__ import main
 from distflow.plan.model_size import ModelArch
+from distflow.plan.simulate.best_time import median_seconds
 from distflow.plan.simulate.compute import forward_flops_per_token, pass_time, pipeline_bubble
 from distflow.plan.simulate.data_movement import Driver, Link
 from distflow.plan.simulate.generation import (
@@ -20,7 +21,7 @@ from distflow.plan.simulate.generation import (
     quantile_lengths,
 )
 from distflow.plan.simulate.hardware_profile import HARDWARE_DIR, Knobs, load_profile, parse_knobs
-from distflow.plan.simulate.step import simulate_step
+from distflow.plan.simulate.step import allgather_seconds, cpu_contention, host_links, simulate_step
 
 REPO = Path(__file__).resolve().parents[2]
 SEVEN_B = str(REPO / "examples/model_configs/qwen2.5-7b.json")
@@ -93,6 +94,64 @@ def test_quantile_lengths_follow_the_knobs():
     lengths = quantile_lengths(1001, 4096, 0.25, 0.7)
     assert np.median(lengths) == pytest.approx(1024, rel=0.01)
     assert lengths.max() <= 4096 and lengths.min() >= 1
+
+
+def test_timing_is_the_median_after_a_warm_up(monkeypatch):
+    from distflow.plan.simulate import best_time
+
+    # the call takes 10 s the first time (warm-up, excluded), then 0.3, 0.1, 0.2 and a preempted 5 s
+    durations = iter([10.0, 0.3, 0.1, 0.2, 5.0])
+    now = [0.0]
+
+    def call():
+        now[0] += next(durations)
+
+    monkeypatch.setattr(best_time.time, "perf_counter", lambda: now[0])
+    assert median_seconds(call, repeats=4) == pytest.approx((0.2 + 0.3) / 2)
+
+
+def _cpu_profile(cores=2, idle=1.0, crowd=None):
+    measured = {"engine": {"idle_cpu_cores": idle}} if idle else {}
+    if crowd:
+        measured["gloo_by_ranks"] = crowd
+    profile = load_profile("h100")
+    return replace(profile.with_entry("cores", cores, "test"), measured=measured)
+
+
+def test_idle_engines_share_the_cores_with_the_trainer():
+    # 2 trainers + 2 engines each polling a whole core, on 2 cores: 4 busy processes, each gets half a
+    # core; the probe ran the 2 trainers alone on the 2 cores (a core each): twice as slow in the job
+    assert cpu_contention(_cpu_profile(2, 1.0), 2, 2, 2) == pytest.approx(2.0)
+    # half a core per idle engine: 3 busy on 2 cores
+    assert cpu_contention(_cpu_profile(2, 0.5), 2, 2, 2) == pytest.approx(1.5)
+    # a probe of one process (the FLOP model's one-thread rate) against 2 trainers + 2 engines on 2 cores
+    assert cpu_contention(_cpu_profile(2, 1.0), 2, 2, 1) == pytest.approx(2.0)
+    # enough cores: no slowdown; no measurement (a GPU profile): none either
+    assert cpu_contention(_cpu_profile(8, 1.0), 2, 2, 2) == 1.0
+    assert cpu_contention(_cpu_profile(2, 0.0), 8, 8, 2) == 1.0
+    # monotone: more idle CPU or more ranks never makes it faster
+    values = [cpu_contention(_cpu_profile(2, idle), n, n, 2) for n in (2, 4) for idle in (0.25, 0.5, 1.0)]
+    assert values == sorted(values)
+
+
+def test_a_crowd_measurement_replaces_the_oversubscription_rule():
+    plain = _cpu_profile(2, 0.0)
+    intra, _ = host_links(plain, 8)
+    # the rule: bandwidth x cores / ranks, latency x ranks / cores
+    assert intra.bandwidth == pytest.approx(plain.intra_bandwidth.value / 4)
+    assert intra.latency == pytest.approx(plain.intra_latency.value * 4)
+    # a ring all-gather of 8 ranks on one host: 7 latencies
+    assert allgather_seconds(8, intra, intra, 8, plain) == pytest.approx(7 * intra.latency)
+    measured = _cpu_profile(2, 0.0, {"8": {"allgather_s": 0.012, "both_ways": 3e8}})
+    intra, _ = host_links(measured, 8)
+    assert intra.bandwidth == 3e8
+    assert allgather_seconds(8, intra, intra, 8, measured) == 0.012
+    # not measured at 4 ranks, or spanning nodes: the rule
+    intra4, _ = host_links(measured, 4)
+    assert intra4.bandwidth == pytest.approx(measured.intra_bandwidth.value / 2)
+    assert allgather_seconds(16, intra, intra, 8, measured) == pytest.approx(
+        7 * intra.latency + intra.latency
+    )
 
 
 # --- monotonicity ----------------------------------------------------------------------------------------

@@ -129,6 +129,69 @@ def measure_gloo() -> dict:
     return results
 
 
+CROWD_RANKS = (2, 4, 8)
+CROWD_SLOT_BYTES = 32 * 1024  # the data plane's metadata slot for a few thousand samples (gather.py)
+CROWD_EXCHANGE_BYTES = 4 * MiB
+
+
+def _gloo_crowd_worker(rank: int, world: int, init_file: str, out):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    slot = torch.zeros(CROWD_SLOT_BYTES, dtype=torch.uint8)
+    parts = [torch.empty_like(slot) for _ in range(world)]
+    peer = rank ^ 1  # pairs (0, 1), (2, 3), ...
+    big_out = torch.ones(CROWD_EXCHANGE_BYTES, dtype=torch.uint8)
+    big_in = torch.empty_like(big_out)
+
+    def timed(fn, repeats: int) -> float:
+        """The median over repeats of the slowest rank's time, each repeat starting from a barrier."""
+        times = []
+        for i in range(repeats + 1):
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            if i:  # the first is a warm-up
+                times.append(float(elapsed))
+        return statistics.median(times)
+
+    def exchange():
+        ops = [dist.P2POp(dist.isend, big_out, peer), dist.P2POp(dist.irecv, big_in, peer)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+
+    results = {
+        "allgather_s": timed(lambda: dist.all_gather(parts, slot), 20),
+        "both_ways": CROWD_EXCHANGE_BYTES / timed(exchange, 5),
+    }
+    if rank == 0:
+        out.put(results)
+    dist.destroy_process_group()
+
+
+def measure_gloo_crowd(ranks=CROWD_RANKS) -> dict:
+    """{N: costs} of N gloo processes on this host at once (more processes than cores on a small machine):
+    an all-gather of a 32 KiB slot per rank (the data plane's metadata all-gather) and every process
+    exchanging 4 MiB with a partner both ways at once (pairs, all pairs together): per process bytes/s.
+    Measured rather than derived from the 2-process figures: with more processes than cores a collective
+    waits for every process to be scheduled, hop after hop, which no per-message latency scaled by
+    ranks / cores describes."""
+    ctx = mp.get_context("spawn")
+    results = {}
+    for world in ranks:
+        out = ctx.Queue()
+        with tempfile.TemporaryDirectory() as tmp:
+            init = os.path.join(tmp, "init")
+            procs = [ctx.Process(target=_gloo_crowd_worker, args=(r, world, init, out)) for r in range(world)]
+            for p in procs:
+                p.start()
+            results[str(world)] = out.get(timeout=300)
+            for p in procs:
+                p.join(60)
+    return results
+
+
 def _descendants_cpu_seconds() -> float:
     """User + system CPU seconds used so far by the live descendants of this process (from /proc)."""
     parent, ticks = {}, {}
@@ -264,6 +327,7 @@ def calibrate(
     serialize_bw, per_object = measure_serialization()
     flops = measure_matmul_flops()
     gloo = measure_gloo()
+    crowd = measure_gloo_crowd()
     reward_s, scorer = measure_scorer(cfg)
     here = f"measured by --calibrate on {os.uname().nodename} ({cores} cores)"
     profile = {
@@ -309,7 +373,7 @@ def calibrate(
             "prefill_mfu": 1.0,
             "decode_bandwidth_efficiency": 1.0,
         },
-        "measured": {"allgather_latency_2_ranks": gloo["allgather_latency"]},
+        "measured": {"allgather_latency_2_ranks": gloo["allgather_latency"], "gloo_by_ranks": crowd},
     }
     if model_dir:
         profile["measured"]["engine"] = measure_engine(model_dir)

@@ -14,6 +14,7 @@ Both controllers run the same engines and Megatron passes; they differ in reward
 
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -58,14 +59,23 @@ class StepPrediction:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def _links(profile: Profile, ranks_on_host: int) -> tuple[Link, Link]:
+def host_links(profile: Profile, ranks_on_host: int) -> tuple[Link, Link]:
     """Intra- and inter-node links; where more ranks share a host than it has cores (a CPU machine),
-    concurrent transfers share the cores."""
+    concurrent transfers share the cores: the bandwidth each rank gets is the one measured with that many
+    processes exchanging at once where --calibrate measured it (measured["gloo_by_ranks"]), else the
+    2-process figure x cores / ranks; a message's latency grows by ranks / cores."""
     share = min(1.0, profile.cores.value / max(1, ranks_on_host))
+    crowd = crowd_measurement(profile, ranks_on_host)
+    intra_bw = crowd["both_ways"] if crowd else profile.intra_bandwidth.value * share
     return (
-        Link(profile.intra_bandwidth.value * share, profile.intra_latency.value / share),
+        Link(intra_bw, profile.intra_latency.value / share),
         Link(profile.inter_bandwidth.value * share, profile.inter_latency.value / share),
     )
+
+
+def crowd_measurement(profile: Profile, ranks_on_host: int) -> Optional[dict]:
+    """What --calibrate measured with `ranks_on_host` gloo processes on this host at once, or None."""
+    return profile.measured.get("gloo_by_ranks", {}).get(str(ranks_on_host))
 
 
 def engine_cost(arch: ModelArch, engine_tp: int, profile: Profile, spans_nodes: bool) -> EngineCost:
@@ -116,7 +126,7 @@ def simulate_step(
         if plan.fits
         else [f"the plan does not fit {plan.gpu_bytes / 2**30:.0f} GiB GPUs at {gpus} GPUs"],
     )
-    intra, inter = _links(profile, min(gpus, per_node))
+    intra, inter = host_links(profile, min(gpus, per_node))
     multi_node = gpus > per_node
     dp_link = inter if multi_node else intra
 
@@ -237,7 +247,7 @@ def simulate_step(
                 )
                 seconds += planning_s if time_planning else 0.0
                 seconds += multi_controller_seconds(
-                    edge, per_node, intra, inter, allgather_seconds(gpus, inter, intra, per_node)
+                    edge, per_node, intra, inter, allgather_seconds(gpus, inter, intra, per_node, profile)
                 )
         out.phases["data"] = seconds
     else:
@@ -264,7 +274,7 @@ def simulate_step(
 
     # --- control --------------------------------------------------------------------------------------
     if controller == "multi":
-        out.phases["control"] = len(nodes) * allgather_seconds(gpus, inter, intra, per_node)
+        out.phases["control"] = len(nodes) * allgather_seconds(gpus, inter, intra, per_node, profile)
     else:
         out.phases["control"] = sum(
             len(_ranks_of(mover.node_layouts[node.id])) * profile.rpc_latency.value for node in nodes
@@ -291,9 +301,16 @@ def cpu_contention(profile: Profile, trainers: int, engines: int, calibrated_wit
     return slowdown(trainers + engines * idle) / slowdown(calibrated_with)
 
 
-def allgather_seconds(gpus: int, inter: Link, intra: Link, per_node: int) -> float:
+def allgather_seconds(
+    gpus: int, inter: Link, intra: Link, per_node: int, profile: Optional[Profile] = None
+) -> float:
     """A small all-gather (or barrier) over `gpus` ranks: a ring's (ranks - 1) latencies, inter-node hops
-    at the inter-node latency."""
+    at the inter-node latency. On one host where --calibrate timed an all-gather of that many processes
+    (profile.measured["gloo_by_ranks"]), that time: with more processes than cores each hop waits for
+    its process to be scheduled, far more than a message's latency."""
+    crowd = crowd_measurement(profile, gpus) if profile is not None and gpus <= per_node else None
+    if crowd:
+        return crowd["allgather_s"]
     nodes = max(1, math.ceil(gpus / per_node))
     return (min(gpus, per_node) - 1) * intra.latency + (nodes - 1) * inter.latency
 
