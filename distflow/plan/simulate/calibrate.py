@@ -139,9 +139,12 @@ def _gloo_crowd_worker(rank: int, world: int, init_file: str, out):
     torch.set_num_threads(1)
     slot = torch.zeros(CROWD_SLOT_BYTES, dtype=torch.uint8)
     parts = [torch.empty_like(slot) for _ in range(world)]
-    peer = rank ^ 1  # pairs (0, 1), (2, 3), ...
-    big_out = torch.ones(CROWD_EXCHANGE_BYTES, dtype=torch.uint8)
-    big_in = torch.empty_like(big_out)
+    # every process sends a slice to every other one and receives one from each (a redistribution's
+    # many-to-many pattern), CROWD_EXCHANGE_BYTES in each direction per process
+    piece = CROWD_EXCHANGE_BYTES // (world - 1)
+    peers = [r for r in range(world) if r != rank]
+    outs = {r: torch.ones(piece, dtype=torch.uint8) for r in peers}
+    ins = {r: torch.empty(piece, dtype=torch.uint8) for r in peers}
 
     def timed(fn, repeats: int) -> float:
         """The median over repeats of the slowest rank's time, each repeat starting from a barrier."""
@@ -157,13 +160,14 @@ def _gloo_crowd_worker(rank: int, world: int, init_file: str, out):
         return statistics.median(times)
 
     def exchange():
-        ops = [dist.P2POp(dist.isend, big_out, peer), dist.P2POp(dist.irecv, big_in, peer)]
+        ops = [dist.P2POp(dist.isend, outs[r], r) for r in peers]
+        ops += [dist.P2POp(dist.irecv, ins[r], r) for r in peers]
         for w in dist.batch_isend_irecv(ops):
             w.wait()
 
     results = {
         "allgather_s": timed(lambda: dist.all_gather(parts, slot), 20),
-        "both_ways": CROWD_EXCHANGE_BYTES / timed(exchange, 5),
+        "both_ways": piece * len(peers) / timed(exchange, 5),
     }
     if rank == 0:
         out.put(results)
@@ -173,7 +177,8 @@ def _gloo_crowd_worker(rank: int, world: int, init_file: str, out):
 def measure_gloo_crowd(ranks=CROWD_RANKS) -> dict:
     """{N: costs} of N gloo processes on this host at once (more processes than cores on a small machine):
     an all-gather of a 32 KiB slot per rank (the data plane's metadata all-gather) and every process
-    exchanging 4 MiB with a partner both ways at once (pairs, all pairs together): per process bytes/s.
+    sending 4 MiB spread over all the others while receiving as much (a redistribution's many-to-many
+    pattern, all at once): per process bytes/s each way.
     Measured rather than derived from the 2-process figures: with more processes than cores a collective
     waits for every process to be scheduled, hop after hop, which no per-message latency scaled by
     ranks / cores describes."""
