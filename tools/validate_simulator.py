@@ -173,8 +173,14 @@ def predict_weight_sync(profile, ranks: int, arch: ModelArch) -> float:
     fp32 = replace(reshard, send_bytes=2 * reshard.send_bytes, recv_bytes=2 * reshard.recv_bytes)
     share = min(1.0, profile.cores.value / ranks)
     copy = Link(profile.memcpy_bandwidth.value * share, profile.rpc_latency.value)
+    link, _ = host_links(profile, ranks)
     return weight_sync_seconds(
-        fp32, arch, copy, profile.memcpy_bandwidth.value, profile.measured.get("engine", {})
+        fp32,
+        arch,
+        copy,
+        profile.memcpy_bandwidth.value,
+        profile.measured.get("engine", {}),
+        allgather_seconds(ranks, link, link, ranks, profile),
     )
 
 

@@ -11,6 +11,7 @@ import pytest
 from distflow.config import resolve
 from distflow.plan.__main__ import main
 from distflow.plan.model_size import ModelArch
+from distflow.plan.reshard_estimate import ReshardEstimate
 from distflow.plan.simulate.best_time import median_seconds
 from distflow.plan.simulate.compute import forward_flops_per_token, pass_time, pipeline_bubble
 from distflow.plan.simulate.data_movement import Driver, Link
@@ -22,6 +23,7 @@ from distflow.plan.simulate.generation import (
 )
 from distflow.plan.simulate.hardware_profile import HARDWARE_DIR, Knobs, load_profile, parse_knobs
 from distflow.plan.simulate.step import allgather_seconds, cpu_contention, host_links, simulate_step
+from distflow.plan.simulate.weight_sync import weight_sync_seconds
 
 REPO = Path(__file__).resolve().parents[2]
 SEVEN_B = str(REPO / "examples/model_configs/qwen2.5-7b.json")
@@ -49,6 +51,25 @@ def test_a_transfer_is_bytes_over_bandwidth_plus_a_latency_per_message():
     driver = Driver(pack_bandwidth=1e9, nic_bandwidth=4e9, per_object_s=1e-6, rpc_s=1e-3)
     # 1 GB serialized (1 s) and through the NIC (0.25 s), 1000 objects, 8 calls
     assert driver.move_seconds(1e9, 1000, 8) == pytest.approx(1.0 + 0.25 + 1e-3 + 8e-3)
+
+
+def test_a_weight_sync_agrees_on_every_bucket_and_at_the_end():
+    arch = ModelArch.from_json(SEVEN_B)
+    reshard = ReshardEstimate(
+        model_bytes=4e9,
+        num_engines=1,
+        send_bytes=2e9,
+        send_stage=0,
+        recv_bytes=1e9,
+        bucket_bytes=10**9,
+        bandwidth_bytes_s=1e9,
+    )
+    link = Link(bandwidth=1e9, latency=1e-3)
+    base = weight_sync_seconds(reshard, arch, link, 4e9, {})
+    # 2 GB over 1 GB/s + a latency per bucket (2) + 1 GB loaded at 4 GB/s
+    assert base == pytest.approx(2.0 + 2e-3 + 0.25)
+    # 2 buckets + the end: 3 exchanges of 2 all-gathers each
+    assert weight_sync_seconds(reshard, arch, link, 4e9, {}, allgather_s=0.01) == pytest.approx(base + 0.06)
 
 
 def test_a_training_pass_is_its_flops_over_the_achieved_rate():

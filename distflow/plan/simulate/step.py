@@ -269,7 +269,12 @@ def simulate_step(
     # --- weight sync ----------------------------------------------------------------------------------
     link = intra if cluster.actor.tp * cluster.actor.pp * cluster.actor.cp <= per_node else inter
     out.phases["sync"] = weight_sync_seconds(
-        plan.reshard, arch, link, profile.hbm_bandwidth.value, profile.measured.get("engine", {})
+        plan.reshard,
+        arch,
+        link,
+        profile.hbm_bandwidth.value,
+        profile.measured.get("engine", {}),
+        allgather_seconds(gpus, inter, intra, per_node, profile),
     )
 
     # --- control --------------------------------------------------------------------------------------

@@ -19,12 +19,22 @@ def hf_tensor_count(arch: ModelArch) -> int:
 
 
 def weight_sync_seconds(
-    reshard: ReshardEstimate, arch: ModelArch, link: Link, load_bandwidth: float, engine: dict
+    reshard: ReshardEstimate,
+    arch: ModelArch,
+    link: Link,
+    load_bandwidth: float,
+    engine: dict,
+    allgather_s: float = 0.0,
 ) -> float:
     """link: how a training rank reaches an engine GPU; load_bandwidth: the engine GPU's copy rate;
-    engine: the calibrated engine costs (profile.measured["engine"]; {} for none)."""
+    engine: the calibrated engine costs (profile.measured["engine"]; {} for none); allgather_s: one small
+    all-gather over the job's ranks. The resharder agrees on every bucket and on the end with an
+    exchange of every rank's status (RankErrors.exchange: all_gather_object, i.e. two all-gathers, one of
+    sizes and one of bytes): 2 x (buckets + 1) all-gathers a sync, which on a host with more processes
+    than cores cost far more than their bytes."""
     return (
-        link.seconds(max(reshard.send_bytes, reshard.recv_bytes), reshard.sender_buckets)
+        2 * (reshard.sender_buckets + 1) * allgather_s
+        + link.seconds(max(reshard.send_bytes, reshard.recv_bytes), reshard.sender_buckets)
         + reshard.recv_bytes / load_bandwidth
         + engine.get("engine_update_fixed_s", 0.0)
         + engine.get("engine_update_s_per_tensor", 0.0) * hf_tensor_count(arch)
