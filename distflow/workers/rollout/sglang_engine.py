@@ -58,8 +58,12 @@ _CPU_DEFAULTS = {
     "mem_fraction_static": 0.3,
     "max_total_tokens": 16384,
     "disable_cuda_graph": True,
-    "enable_custom_logit_processor": True,
-}  # for seeded sampling (seeded_sampling.py)
+    "enable_custom_logit_processor": True,  # for seeded sampling (seeded_sampling.py)
+    # An idle scheduler otherwise polls its sockets in a loop, a core each, which on a CPU host the training
+    # ranks beside it need: the README main job's step took 1.05-1.50 s with it polling and 0.54 s with
+    # it waiting on its sockets (which wake it at once), with the same metrics (docs/scaling.md).
+    "sleep_on_idle": True,
+}
 
 
 class EngineStartError(RuntimeError):
