@@ -205,7 +205,8 @@ class RolloutConfig:
         "it restarts, the weights are synced into it again and its prompts are generated again (same seeds); "
         "colocated, at once; disaggregated, when the rollout's step takes it (with that step's weights if the "
         "rollout was generated ahead). Partial rollouts in flight continue on the restarted engine from the "
-        "tokens they had. Spent, 0, or an engine over nodes: the "
+        "tokens they had. An engine over nodes restarts in a weight sync, all its nodes' ranks together. "
+        "DAPO with training-only ranks: the round is generated again after a resync. Spent or 0: the "
         "job stops naming the engine, and a torchrun restart resumes it from its last checkpoint. Metric "
         "rollout/engine_restarts. See docs/fault_tolerance.md.",
     )

@@ -182,7 +182,11 @@ class LookaheadRollout:
             rollout = self._generate(step, self._next_prompts(), record)
         if self.regenerates_lost:
             rollout = self._regenerate_if_lost(rollout, record)
-        samples = rollout.outputs.get("samples")
+        # the samples the step trains on: with dynamic sampling, those kept over its rounds (its first round's
+        # may be none, lost with its engine: nodes/dynamic_sampling.py)
+        samples = rollout.outputs.get("kept_samples")
+        if samples is None:
+            samples = rollout.outputs.get("samples")
         if samples is not None and samples.infos:
             staleness = [current - info.weight_version for info in samples.infos.values()]
             rollout.metrics.update(

@@ -50,6 +50,10 @@ class StepState:
     streamed_logprobs: dict[str, dict[int, tuple]] = field(default_factory=dict)
     """role -> {sample id: (log-probs, entropy) per token}: the passes a streamed step ran on the samples
     that reached this training rank while the engines generated (dag/streaming.py)."""
+    lost_prompts: list | None = None
+    """Dynamic sampling with training-only ranks: the prompts of this rank's generation round that died with
+    its engine (nodes/rollout.generate_samples); every rank resyncs and they are generated again
+    (nodes/dynamic_sampling.py)."""
 
     def record(self, **values) -> None:
         self.metrics.update({k: float(v) for k, v in values.items()})

@@ -9,6 +9,14 @@ rank sees the same totals and takes the same branch: stop, or run another round,
 draw the next prompt batch from their PromptLoader, generate and score it, and the other ranks only join
 the next all_reduce. After algorithm.max_sampling_attempts rounds the step trains on what was kept.
 
+An engine that dies under a round (training-only ranks: nodes/rollout.regenerates_in_rounds; where every
+rank owns an engine, the generation itself recovers) is restarted by its owner, and its rank reports the
+round lost in the same all_reduce. Every rank then syncs the actor's weights into the engines again under
+the same version (nothing has trained since, in lock-step) and the lost round's prompts are generated
+again with their seeds and ids: the step keeps the samples it would have had, and the round is not counted
+as an attempt. An engine restarted under a round that other engines finished (balanced chunks) also needs
+its weights before the next round: that resync runs before the next draw.
+
 Batch size. More than data.train_batch_size groups kept: trimmed to exactly that many; the quotas per rank
 are as even as the counts allow (share_out, computed identically on every rank from the all_reduced
 counts, so nothing else is exchanged), each rank keeping its earliest groups. Fewer after the last round:
@@ -62,6 +70,10 @@ class Round:
     samples: Optional[PackedBatch] = None
     rewards: Optional[PackedBatch] = None
     scores: Optional[torch.Tensor] = None
+    lost: bool = False
+    """Its generation died with its engine: drawn again (redraw) after every rank resynced."""
+    engine_needs_weights: bool = False
+    """This rank's engine was restarted (or is dead) and serves no weights until a sync."""
 
 
 @dataclass
@@ -117,6 +129,8 @@ def collect_groups(
     unit: int = 1,
     filter_equal: bool = True,
     group=None,
+    resync: Optional[Callable[[], None]] = None,
+    redraw: Optional[Callable[[bool], Round]] = None,
 ) -> Collected:
     """The dynamic-sampling loop, collective over `group` (default: all ranks); every rank must call it.
 
@@ -124,17 +138,22 @@ def collect_groups(
     next round (attempt = 2, 3, ...); called on every rank, identically often; sample and group ids must
     not repeat earlier rounds'. target: groups wanted over all ranks. filter_equal=False keeps every group
     (dynamic sampling off: the loop then ends after the first round unless the batch is short).
+    resync() (collective) and redraw(lost): after a round any rank lost (Round.lost), every rank resyncs
+    and calls redraw with whether its own round was lost: its round again (the same prompts and ids), or
+    an empty Round; the redrawn round counts as the lost one's attempt. A round whose engine needs weights
+    (Round.engine_needs_weights) has every rank resync before the next draw.
     """
     if max_attempts < 1:
         raise ValueError(f"algorithm.max_sampling_attempts={max_attempts} must be >= 1")
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     device = _collective_device(group)
-    holds = first.samples is not None
+    holds = first.samples is not None or first.lost  # a lost first round is drawn again
     kept_samples, kept_rewards, kept_here = [], [], 0
     dropped = generated = 0
     current, attempt = first, 1
     while True:
-        counts = torch.zeros(world + 2, dtype=torch.int64, device=device)
+        # [each rank's kept groups..., dropped, generated, rounds lost, engines needing weights]
+        counts = torch.zeros(world + 4, dtype=torch.int64, device=device)
         if current.samples is not None:
             samples, rewards, n_kept, n_dropped = _keep_informative(current, filter_equal)
             kept_samples.append(samples)
@@ -142,11 +161,21 @@ def collect_groups(
             kept_here += n_kept
             counts[world], counts[world + 1] = n_dropped, n_kept + n_dropped
         counts[rank] = kept_here
+        counts[world + 2], counts[world + 3] = int(current.lost), int(current.engine_needs_weights)
         dist.all_reduce(counts, group=group)  # the decision every rank takes alike
         per_rank = counts[:world].tolist()
         dropped += int(counts[world])
         generated += int(counts[world + 1])
-        if sum(per_rank) >= target or attempt >= max_attempts:
+        lost, needs_weights = int(counts[world + 2]), int(counts[world + 3])
+        finished = sum(per_rank) >= target or attempt >= max_attempts
+        if lost or (needs_weights and not finished):
+            if resync is None:
+                raise RuntimeError("dynamic sampling: a round was lost with its engine and nothing resyncs")
+            resync()
+        if lost:
+            current = redraw(current.lost)
+            continue
+        if finished:
             break
         attempt += 1
         current = draw(attempt)
@@ -202,7 +231,9 @@ def _collective_device(group) -> torch.device:
 def dynamic_sampling(ctx, inputs):
     """DAG node: {"samples", "rewards"} of the first round -> {"kept_samples", "kept_rewards"}."""
     cfg, a = ctx.cfg, ctx.cfg.algorithm  # overlong_buffer_len <= max_new_tokens: checked by config validation
-    holds = inputs["samples"] is not None
+    rollout = ctx.workers.rollout
+    lost_prompts, ctx.step.lost_prompts = ctx.step.lost_prompts, None  # round 1's, if its engine died
+    holds = inputs["samples"] is not None or lost_prompts is not None
     if holds and ctx.prompt_loader is None:
         raise RuntimeError(
             "dynamic sampling needs this rank's PromptLoader in NodeContext.prompt_loader (the "
@@ -215,17 +246,45 @@ def dynamic_sampling(ctx, inputs):
         )
         return Round(samples, total, rewards.fields["rewards"]), penalty
 
-    first, ids = Round(), None
-    if holds:
+    first, ids, first_recorded = Round(), None, False
+    if inputs["samples"] is not None:
         first, penalty = shaped(inputs["samples"], inputs["rewards"])
         ctx.record(**{"dapo/overlong_penalty": float(penalty.mean()) if len(penalty) else 0.0})
-        ids = _RoundIds.after(inputs["samples"], ctx.workers.rollout.engine_index)
+        ids, first_recorded = _RoundIds.after(inputs["samples"], rollout.engine_index), True
+    elif lost_prompts is not None:
+        first, ids = Round(lost=True), _RoundIds.after(None, rollout.engine_index)
+    if holds:
+        first.engine_needs_weights = rollout.needs_weights()
+
+    def generated_round(prompts) -> Round:
+        """A round on `prompts`: scored and shaped, or lost with its engine (its prompts kept for redraw)."""
+        nonlocal first_recorded
+        samples, rewards = _generate_and_score(ctx, prompts, all_metrics=not first_recorded)
+        if samples is None:  # the engine died under it (nodes/rollout.generate_samples kept the prompts)
+            return Round(lost=True, engine_needs_weights=True)
+        round_, penalty = shaped(*ids.shift(samples, rewards))
+        if not first_recorded:  # round 1 generated again: its metrics are the first round's
+            ctx.record(**{"dapo/overlong_penalty": float(penalty.mean()) if len(penalty) else 0.0})
+            first_recorded = True
+        round_.engine_needs_weights = rollout.needs_weights()
+        return round_
 
     def draw(attempt: int) -> Round:
-        if not holds:
+        return generated_round(next(ctx.prompt_loader)) if holds else Round()
+
+    def redraw(lost: bool) -> Round:
+        nonlocal lost_prompts
+        if not lost:
             return Round()
-        samples, rewards = ids.shift(*_generate_and_score(ctx))
-        return shaped(samples, rewards)[0]
+        # a later round's, kept by generate_samples; else round 1's, kept above
+        prompts = ctx.step.lost_prompts if ctx.step.lost_prompts is not None else lost_prompts
+        ctx.step.lost_prompts = lost_prompts = None
+        print(
+            f"[dapo] rank {ctx.rank}: step {ctx.step.step}'s generation round lost with engine "
+            f"{rollout.engine_index} is generated again ({len(prompts)} prompts)",
+            flush=True,
+        )
+        return generated_round(prompts)
 
     result = collect_groups(
         first,
@@ -234,6 +293,8 @@ def dynamic_sampling(ctx, inputs):
         a.max_sampling_attempts,
         dp_unit(cfg.rollout.n, ctx.cluster.actor.dp),
         filter_equal=a.dynamic_sampling,
+        resync=ctx.weight_sync.resync,
+        redraw=redraw,
     )
     ctx.record(
         **{
@@ -251,16 +312,26 @@ def dynamic_sampling(ctx, inputs):
     return {"kept_samples": result.samples, "kept_rewards": result.rewards}
 
 
-def _generate_and_score(ctx) -> tuple[PackedBatch, PackedBatch]:
-    """One more round of the generate and score nodes' work; of its metrics only the _SUMMED_OVER_ROUNDS
-    ones are added to the step's (the others describe the first round)."""
-    samples, generated = generate_samples(ctx, next(ctx.prompt_loader))
+def _generate_and_score(
+    ctx, prompts, all_metrics: bool = False
+) -> tuple[PackedBatch | None, PackedBatch | None]:
+    """One more round of the generate and score nodes' work on `prompts` (no samples: lost with its
+    engine); of its metrics only the _SUMMED_OVER_ROUNDS ones are added to the step's (the others describe
+    the first round), or all of them (all_metrics: round 1 generated again)."""
+    samples, generated = generate_samples(ctx, prompts)
     rewards, scored = score_samples(ctx, samples, streamed=True)
     this_round = {**generated, **scored}
     metrics = ctx.step.metrics
-    ctx.record(
-        **{key: metrics.get(key, 0.0) + this_round[key] for key in _SUMMED_OVER_ROUNDS if key in this_round}
-    )
+    if all_metrics:
+        ctx.record(**this_round)
+    else:
+        ctx.record(
+            **{
+                key: metrics.get(key, 0.0) + this_round[key]
+                for key in _SUMMED_OVER_ROUNDS
+                if key in this_round
+            }
+        )
     return samples, rewards
 
 
@@ -273,9 +344,11 @@ class _RoundIds:
     next_group: int
 
     @classmethod
-    def after(cls, samples: PackedBatch, engine_index: int) -> "_RoundIds":
+    def after(cls, samples: PackedBatch | None, engine_index: int) -> "_RoundIds":
+        """Past `samples` (None: a lost first round, whose ids its redraw takes)."""
         ids = cls(engine_index * ID_STRIDE, 0, 0)
-        ids._advance(samples)
+        if samples is not None:
+            ids._advance(samples)
         return ids
 
     def _advance(self, samples: PackedBatch) -> None:

@@ -32,7 +32,12 @@ def generate_samples(ctx, prompts) -> tuple:
       again with the same seeds: the step's samples are the ones it would have had;
     - otherwise (regenerates_on_take: the training-only ranks are elsewhere, maybe training): the engine's
       ranks raise RolloutLost, and the step that takes the rollout generates it again (dag/lookahead.py).
+    - with DAPO's dynamic sampling and training-only ranks (regenerates_in_rounds), the round is marked
+      lost (ctx.step.lost_prompts; no samples), and the dynamic-sampling loop, where every rank is,
+      resyncs and generates it again.
     Either way no job restart is needed."""
+    if regenerates_in_rounds(ctx.cfg, ctx.cluster.placement):
+        return _generate_or_mark_lost(ctx, prompts)
     if regenerates_on_take(ctx.cfg, ctx.cluster.placement):
         return _generate_or_lose(ctx, prompts)
     if not regenerates_in_place(ctx):
@@ -54,8 +59,15 @@ def generate_samples(ctx, prompts) -> tuple:
             first = next(d for d in deaths if d)
             raise EngineDiedError(f"{died or first}; not restarted in place: {refused}") from died
         if rollout.owner and engine_health.is_dead(rollout.engine):
-            rollout.restart_engine(f"died in step {ctx.step.step}'s rollout; its prompts are generated again")
-        ctx.weight_sync.resync()
+            cause = f"died in step {ctx.step.step}'s rollout; its prompts are generated again"
+            if rollout.restarts_at_syncs:
+                print(
+                    f"[rollout] engine {rollout.engine_index} {cause} after the resync restarts it",
+                    flush=True,
+                )
+            else:
+                rollout.restart_engine(cause)
+        ctx.weight_sync.resync()  # restarts an engine over nodes, with its other nodes' ranks
         # Each dead owner generates its own prompts alone (with their home seeds, the same samples).
         balance, rollout.balance_stats = False, None
 
@@ -90,6 +102,17 @@ def regenerates_on_take(cfg, placement) -> bool:
     )
 
 
+def regenerates_in_rounds(cfg, placement) -> bool:
+    """Whether a generation round whose engines died is generated again by the dynamic-sampling loop
+    (nodes/dynamic_sampling.py): engine restarts allowed, DAPO's dynamic sampling (lock-step: every rank,
+    training-only ones too, is in the loop's collective while the engines generate) and some ranks without
+    an engine (where every rank owns one, regenerates_in_place does it within the generation)."""
+    r = cfg.rollout
+    return (
+        r.engine_restarts > 0 and cfg.algorithm.dynamic_sampling and not _every_rank_owns_an_engine(placement)
+    )
+
+
 def _every_rank_owns_an_engine(placement) -> bool:
     return len(placement.rollout_ranks) == placement.world_size
 
@@ -105,11 +128,32 @@ def _generate_or_lose(ctx, prompts) -> tuple:
         stream = ctx.samples_stream
         if stream is not None and not stream.closed:  # every rank walks all of its parts: the rest leave now
             stream.close()
-        if rollout.owner and engine_health.is_dead(rollout.engine):  # EveryEngineDied: restarted already
+        # EveryEngineDied: restarted already. An engine over nodes restarts in the resync of the step that
+        # takes the rollout, with its other nodes' ranks (RolloutWorker.revive_dead_engines).
+        if rollout.owner and engine_health.is_dead(rollout.engine) and not rollout.restarts_at_syncs:
             rollout.restart_engine(
                 f"died in step {ctx.step.step}'s rollout; it is generated again when that step takes it"
             )
         raise RolloutLost(f"engine {rollout.engine_index}: {str(exc).splitlines()[0]}") from exc
+
+
+def _generate_or_mark_lost(ctx, prompts) -> tuple:
+    """_generate; when the engine dies with no live engine to take its prompts, restarts it (within
+    rollout.engine_restarts, else the death stops the job; an engine over nodes restarts in the resync)
+    and returns no samples, the prompts kept in ctx.step.lost_prompts for the round to be drawn again."""
+    try:
+        return _generate(ctx, prompts, balance=True)
+    except (EngineDiedError, EveryEngineDied) as exc:
+        rollout = ctx.workers.rollout
+        rollout.raise_unless_restartable(exc)
+        cause = f"died in step {ctx.step.step}'s rollout; its prompts are generated again after a resync"
+        if rollout.owner and engine_health.is_dead(rollout.engine):
+            if rollout.restarts_at_syncs:
+                print(f"[rollout] engine {rollout.engine_index} {cause}, which restarts it", flush=True)
+            else:
+                rollout.restart_engine(cause)
+        ctx.step.lost_prompts = prompts
+        return None, {}
 
 
 def _gathered(value) -> list:

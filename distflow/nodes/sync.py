@@ -24,8 +24,10 @@ from distflow.workers.rollout.worker import placement_device
 
 def sync_weights(ctx, inputs):
     ctx.record(**ctx.weight_sync.sync())
-    # Engines restarted in place so far in this attempt (at a rollout's death, or in this sync).
-    ctx.record(**{"rollout/engine_restarts": ctx.workers.rollout.engine_restarts})
+    # Engines restarted in place so far in this attempt (at a rollout's death, or in this sync), summed over
+    # the owners (an engine over nodes counts its restarts on each node's rank too, for its budget).
+    rollout = ctx.workers.rollout
+    ctx.record(**{"rollout/engine_restarts": rollout.engine_restarts if rollout.owner else 0})
     return {"weight_version": ctx.workers.rollout.weight_version}
 
 
@@ -53,7 +55,7 @@ class WeightSync:
         again (every rank hears of the death in the same exchange, so all retry), within
         rollout.engine_restarts."""
         for attempt in range(self.cfg.rollout.engine_restarts + 1):
-            self.rollout.revive_dead_engine()  # raises once this engine's restarts are spent
+            self.rollout.revive_dead_engines()  # raises once a dead engine's restarts are spent
             try:
                 return self._sync()
             except WeightSyncError as exc:

@@ -3,8 +3,8 @@
 `dag.pipeline=distflow.testing.phase_faults:pipeline` runs the built-in pipeline of
 $DISTFLOW_FAULT_PIPELINE (default grpo) with one change: in the job's first attempt (before any torchrun
 restart), when rank $DISTFLOW_FAULT_RANK (or every rank: "all") starts node $DISTFLOW_FAULT_NODE of step $DISTFLOW_FAULT_STEP, it
-sends itself $DISTFLOW_FAULT_SIGNAL (KILL: a rank lost; STOP: a frozen rank; ENGINE: its engine's processes
-SIGKILLed, at each step of a comma-separated $DISTFLOW_FAULT_STEP, such as "1,3"). Nodes cover the phases:
+sends itself $DISTFLOW_FAULT_SIGNAL (KILL: a rank lost; STOP: a frozen rank; ENGINE: its engine's processes,
+or its node's share of an engine over nodes, SIGKILLed, at each step of a comma-separated $DISTFLOW_FAULT_STEP, such as "1,3"). Nodes cover the phases:
 generate (rollout), reward, old_logprob/train_actor (training), sync_weights (weight sync). The checkpoint
 save is not a node: $DISTFLOW_FAULT_NODE=checkpoint_save strikes while step $DISTFLOW_FAULT_STEP's
 checkpoint is being written (a watcher thread sees its staging folder appear).
@@ -84,7 +84,8 @@ def _engine_killed(node, steps: set[int]):
     struck: set[int] = set()  # once a step: a rollout generated again after its loss is not killed again
 
     def fn(ctx, inputs):
-        engine, step = ctx.workers.rollout.engine, ctx.step.step
+        rollout, step = ctx.workers.rollout, ctx.step.step
+        engine = rollout.engine or rollout.node_engine  # a later node's share of an engine over nodes
         if step in steps - struck and engine is not None:
             struck.add(step)
             print(

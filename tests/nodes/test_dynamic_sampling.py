@@ -100,9 +100,9 @@ def test_later_rounds_get_ids_past_the_earlier_ones():
     assert third.sample_ids.min().item() == base + 8 and third.groups.min().item() == base + 4
 
 
-def _run(tmp_path, scenario, nproc=4):
+def _run(tmp_path, scenario, nproc=4, extra=()):
     out = tmp_path / f"{scenario}.json"
-    torchrun(JOB, nproc=nproc, args=["--scenario", scenario, "--out", out], timeout_s=180)
+    torchrun(JOB, nproc=nproc, args=["--scenario", scenario, "--out", out, *extra], timeout_s=180)
     return json.loads(out.read_text())
 
 
@@ -139,6 +139,21 @@ def test_ranks_refill_together_and_trim_to_the_batch(tmp_path):
     assert sorted({g // 1000 % 1000 for g in ranks[1]["groups"]}) == [1, 2, 3]
     assert sum(g // 1000 % 1000 == 3 for g in set(ranks[1]["groups"])) == 1
     assert all(g % 1000 < k for r, k in zip(ranks[:3], [1, 3, 0]) for g in r["groups"])
+
+
+@pytest.mark.slow
+def test_rounds_lost_with_their_engine_are_drawn_again_after_every_rank_resyncs(tmp_path):
+    # Rank 1's rounds 1 and 3 come back lost once (its engine died under them): the all_reduce carries the
+    # loss, every rank resyncs, rank 1 draws the round again and the others add nothing; the redraw is not
+    # an attempt. What is kept is exactly the trim scenario's.
+    ranks = _run(tmp_path, "trim", extra=["--lose-rank", 1, "--lose-attempts", "1,3"])
+    for r in ranks:
+        assert r["draws"] == [2, 3] and r["attempts"] == 3, r
+        assert r["resyncs"] == [1, 3], r  # after round 1 (attempt 1) and after round 3
+        assert r["redraws"] == [[1, r["rank"] == 1], [3, r["rank"] == 1]], r
+        assert (r["kept_groups"], r["kept_before_trim"], r["dropped"], r["generated"]) == (10, 12, 24, 36)
+    _check_kept(ranks[:3], [3, 7, 0])
+    assert sorted({g // 1000 % 1000 for g in ranks[1]["groups"]}) == [1, 2, 3]
 
 
 @pytest.mark.slow

@@ -108,6 +108,13 @@ class EngineMonitor:
             state_of(engine).stale_reason = reason
         logger.error("SGLang engine: %s (log: %s)", reason, self.log_path)
 
+    def check(self) -> bool:
+        """Whether the engine is dead, looking at its processes now: a death since the last poll is
+        recorded as the poll would have."""
+        if self.dead_reason is None and (reason := self._dead_process()) is not None:
+            self._record(reason)
+        return self.dead_reason is not None
+
     def mark_dead(self, reason: str) -> None:
         self._record(reason)
         # A waiting call sees the loop stop (run_until_complete raises). Set after dead_reason, read after
@@ -148,9 +155,7 @@ class EngineMonitor:
         except EngineDiedError:
             raise
         except BaseException as exc:
-            if self.dead_reason is None and (reason := self._dead_process()) is not None:
-                self._record(reason)  # died since the last poll
-            if self.dead_reason is not None:
+            if self.check():  # also a death since the last poll
                 raise self.error(what) from exc
             raise
         finally:
@@ -196,6 +201,12 @@ def call(engine, what: str, fn, *args, **kwargs):
 def is_dead(engine) -> bool:
     monitor = _monitors.get(engine)
     return monitor is not None and monitor.dead_reason is not None
+
+
+def check_now(engine) -> bool:
+    """Whether the engine is dead, looking at its processes now (a death since the last poll is recorded)."""
+    monitor = _monitors.get(engine)
+    return monitor is not None and monitor.check()
 
 
 def log_path_of(engine) -> Path | None:

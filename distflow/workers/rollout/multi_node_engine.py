@@ -5,7 +5,9 @@ that node's TP ranks; they rendezvous at dist_init_addr (an address:port on the 
 first node's process (node_rank 0, the engine's owner here) serves requests. No launcher is involved: the
 owner picks a free port on its host and publishes the address in the job's c10d store, and every other
 node's first engine rank reads it from there (a bounded wait), so all of an engine's processes are started
-by the trainer ranks themselves, as single-node engines are.
+by the trainer ranks themselves, as single-node engines are. A restarted engine (RolloutWorker.revive_dead_engines:
+every node's share restarts together) rendezvouses at a new address under a new key: the old one is
+still in the store and names processes that are gone.
 """
 
 import socket
@@ -13,10 +15,11 @@ import socket
 from torch.distributed import distributed_c10d
 
 
-def node_args(placement, engine: int, node_rank: int, timeout_s: float) -> dict:
-    """SGLang ServerArgs fields for `node_rank`'s share of engine `engine` (collective among its node ranks)."""
+def node_args(placement, engine: int, node_rank: int, timeout_s: float, start: int = 0) -> dict:
+    """SGLang ServerArgs fields for `node_rank`'s share of engine `engine` (collective among its node ranks)
+    at its start number `start` (0: the first start; n: the n-th restart in this attempt)."""
     store = distributed_c10d._get_default_store()
-    key = f"distflow/engine{engine}/dist_init_addr"
+    key = f"distflow/engine{engine}/start{start}/dist_init_addr"
     if node_rank == 0:
         address = f"{host_address()}:{_free_port()}"
         store.set(key, address)

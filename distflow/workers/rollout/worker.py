@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
 from distflow.batch import PackedBatch
@@ -101,29 +102,24 @@ class RolloutWorker:
         self.node_engine = None  # a later node's share of a multi-node engine (its SGLang processes only)
         self.engine_restarts = 0  # this engine's restarts in this attempt (rollout.engine_restarts)
         self.engine_nnodes = placement.engine_nnodes
-        node_rank = placement.engine_node_rank(rank)
-        self._start_engine = None  # starts this rank's engine (processes), the same way every time
+        self.placement = placement
+        self.node_rank = placement.engine_node_rank(rank)  # None on ranks that start no SGLang processes
+        self._start = None  # starts this rank's engine (processes), the same way every time
+        self._engine_starts = 0  # starts of it so far in this attempt (each rendezvouses anew over nodes)
         # MoE routing replay: the engine returns each token's experts, which the samples carry to the actor
         self.routes_width = routes_width(model_path) if cfg.actor.moe_routing_replay else None
-        if node_rank is not None:
-            args = engine_args(cfg.rollout.sglang, weight_loaders)
+        if self.node_rank is not None:
+            self._engine_args = engine_args(cfg.rollout.sglang, weight_loaders)
             if self.routes_width is not None:
-                args["enable_return_routed_experts"] = True
-            if placement.engine_nnodes > 1:
-                args.update(
-                    multi_node_engine.node_args(
-                        placement, self.engine_index, node_rank, timeout_s=cfg.trainer.dist_timeout_s
-                    )
-                )
-            self._start_engine = functools.partial(
+                self._engine_args["enable_return_routed_experts"] = True
+            self._start = functools.partial(
                 sglang_engine.start_engine,
                 model_path,
                 tp=placement.engine_tp,
                 dtype=cfg.rollout.dtype or cfg.model.dtype,
                 seed=cfg.trainer.seed + self.engine_index,
                 mem_fraction_static=cfg.rollout.mem_fraction_static,
-                extra_args=args,
-                log_path=engine_log_path(cfg, self.engine_index, node_rank),
+                log_path=engine_log_path(cfg, self.engine_index, self.node_rank),
                 call_timeout_s=cfg.rollout.call_timeout_s or cfg.trainer.dist_timeout_s,
             )
             engine = self._start_engine()
@@ -131,6 +127,24 @@ class RolloutWorker:
                 self.engine = engine
             else:
                 self.node_engine = engine
+
+    def _start_engine(self):
+        """This rank's engine (its node's share of it, for an engine over nodes), started as at the first
+        start. An engine over nodes rendezvouses anew each time (its starts so far name the store key):
+        the last start's address belongs to processes that are gone."""
+        args = dict(self._engine_args)
+        if self.engine_nnodes > 1:
+            args.update(
+                multi_node_engine.node_args(
+                    self.placement,
+                    self.engine_index,
+                    self.node_rank,
+                    timeout_s=self.cfg.trainer.dist_timeout_s,
+                    start=self._engine_starts,
+                )
+            )
+        self._engine_starts += 1
+        return self._start(extra_args=args)
 
     def generate(
         self,
@@ -228,6 +242,8 @@ class RolloutWorker:
             return
         what = f"submitting step {step}'s rollout"
         self.revive_dead_engine(what)  # its requests then wait for the next sync, as the others in flight
+        if self._dead_until_a_sync(step):
+            return
         self.make_resident()
         submit = functools.partial(
             partial_generation.submit,
@@ -240,7 +256,21 @@ class RolloutWorker:
             self.in_flight[step] = submit(self.engine)
         except EngineDiedError:  # died since the check above
             self.revive_dead_engine(what)
-            self.in_flight[step] = submit(self.engine)
+            if not self._dead_until_a_sync(step):
+                self.in_flight[step] = submit(self.engine)
+
+    def _dead_until_a_sync(self, step: int) -> bool:
+        """An engine over nodes found dead when submitting step `step`'s rollout waits for the next weight
+        sync to restart it (revive_dead_engines): nothing is submitted, and the step generates its rollout
+        when it takes it, on the restarted engine."""
+        if not (self.restarts_at_syncs and engine_health.is_dead(self.engine)):
+            return False
+        print(
+            f"[rollout] engine {self.engine_index} is dead; step {step}'s rollout is not submitted: the next "
+            "weight sync restarts the engine, and the step generates its rollout when it takes it",
+            flush=True,
+        )
+        return True
 
     def cancel(self, step: int) -> None:
         """Drops step `step`'s submitted rollout, if any (a rollout gone stale is generated again)."""
@@ -307,31 +337,41 @@ class RolloutWorker:
         if run.died is not None:  # the live engines generate what it had left; it restarts meanwhile
             self.raise_unless_restartable(run.died)
             given = board.abandon(run.unfinished)
-            self.restart_engine(
-                f"died in step {step}'s rollout; {given} of its chunks go to the other engines"
-            )
+            cause = f"died in step {step}'s rollout; {given} of its chunks go to the other engines"
+            if self.restarts_at_syncs:
+                print(
+                    f"[rollout] engine {self.engine_index} {cause}; it restarts at the next weight sync",
+                    flush=True,
+                )
+            else:
+                self.restart_engine(cause)
             board.wait_for_adopters()
         mine, self.balance_stats = board.finish(run.generated, run.tokens)
         return [s for c in chunks for s in mine[c.index]]
 
+    @property
+    def restarts_at_syncs(self) -> bool:
+        """Whether this rank's engine restarts only in a weight sync's collective revive_dead_engines: an
+        engine over nodes, whose processes belong to several ranks that must restart them together (the
+        engine's owner alone restarts any other engine where it finds it dead)."""
+        return self.engine_nnodes > 1
+
     def _why_not_restartable(self) -> str | None:
         """Why this engine cannot be restarted in place now (None: it can)."""
         budget = self.cfg.rollout.engine_restarts
-        if self.engine_nnodes > 1:  # its other nodes' processes belong to other ranks
-            return "an engine spanning nodes is not restarted in place"
         if self.engine_restarts >= budget:
             return f"engine {self.engine_index} has used its {budget} restart(s) in this attempt: rollout.engine_restarts"
         return None
 
     def why_not_restartable(self) -> str | None:
         """Why this rank's dead engine cannot be restarted in place; None if it can, or if none is dead here."""
-        if not (self.owner and engine_health.is_dead(self.engine)):
+        if self._dead_share_reason() is None:
             return None
         return self._why_not_restartable()
 
     def raise_unless_restartable(self, died: Exception) -> None:
-        """Raises `died` when the engine cannot be restarted in place (its restarts spent, an engine over
-        nodes): the job then stops, and a torchrun restart resumes it from its last checkpoint."""
+        """Raises `died` when the engine's restarts are spent: the job then stops, and a torchrun restart
+        resumes it from its last checkpoint."""
         why = self._why_not_restartable()
         if why is not None:
             raise EngineDiedError(f"{died}\n({why})") from died
@@ -341,7 +381,8 @@ class RolloutWorker:
         version count it had. Its weights are stale (generate refuses them) until the next weight sync loads
         the actor's current ones through the normal path; the resharder picks the new engine up there.
         Partial rollouts in flight on it move to the new engine, and that sync continues their unfinished
-        requests there (partial_generation.InFlightGeneration.move_to).
+        requests there (partial_generation.InFlightGeneration.move_to). An engine over nodes restarts only
+        in revive_dead_engines, where its other nodes' ranks restart their shares with it.
         cause: what happened to it, for the log line."""
         moved = (
             f"; the unfinished requests of the rollouts of steps {sorted(self.in_flight)} in flight on it are "
@@ -372,12 +413,65 @@ class RolloutWorker:
     def revive_dead_engine(self, before: str = "the weight sync") -> None:
         """An owner whose engine died outside a rollout (between steps, in a failed sync, with partial
         rollouts in flight) restarts it, within rollout.engine_restarts: before a weight sync (on every
-        rank), or before submitting a partial rollout."""
-        if not self.owner or not engine_health.is_dead(self.engine):
+        rank, revive_dead_engines), or before submitting a partial rollout. An engine over nodes is left
+        dead here: it restarts at the next sync."""
+        if not self.owner or self.restarts_at_syncs or not engine_health.is_dead(self.engine):
             return
         monitor = engine_health.monitor_of(self.engine)
         self.raise_unless_restartable(monitor.error(before))
         self.restart_engine(f"is dead ({monitor.dead_reason})")
+
+    def revive_dead_engines(self) -> None:
+        """Collective (every rank), before a weight sync: restarts the dead engines, within
+        rollout.engine_restarts. Engines over nodes restart here only, every node's share together: a
+        share found dead on any of its ranks (a scheduler killed on a later node may leave the owner's side
+        waiting, or alive and idle) restarts the whole engine, and its ranks rendezvous anew
+        (multi_node_engine.node_args). When any dead engine's restarts are spent, every rank raises the
+        same error, so none waits in the sync for ranks that left."""
+        if not self.restarts_at_syncs:
+            self.revive_dead_engine()
+            return
+        reason = self._dead_share_reason()
+        refused = None if reason is None else self._why_not_restartable()
+        reports = [None] * dist.get_world_size()
+        dist.all_gather_object(reports, (self.engine_index, reason, refused))
+        refusals = [f"rank {rank}: {r}" for rank, (_, _, r) in enumerate(reports) if r]
+        if refusals:
+            first = next(
+                f"engine {e} on rank {rank}: {why}" for rank, (e, why, _) in enumerate(reports) if why
+            )
+            raise EngineDiedError(f"{first}; not restarted in place: {'; '.join(refusals)}")
+        dead = {e: why for e, why, _ in reversed(reports) if why}  # the first rank's reason wins
+        if self.engine_index not in dead:
+            return
+        cause = f"is dead ({dead[self.engine_index]})"
+        if self.owner:
+            self.restart_engine(f"{cause}; its {self.engine_nnodes} nodes restart it together")
+        elif self.node_engine is not None:
+            print(
+                f"[rollout] engine {self.engine_index} node {self.node_rank} {cause}; its share restarts "
+                "with the engine",
+                flush=True,
+            )
+            with contextlib.suppress(Exception):  # whatever survived of it
+                sglang_engine.shutdown_engine(self.node_engine)
+            self.node_engine = self._start_engine()
+            self.engine_restarts += 1
+
+    def needs_weights(self) -> bool:
+        """Whether this rank's engine serves no complete weights until a sync: restarted since the last one,
+        or dead (for an engine over nodes, this rank's share)."""
+        if self.owner:
+            return engine_health.is_dead(self.engine) or not state_of(self.engine).fresh
+        return self.node_engine is not None and engine_health.is_dead(self.node_engine)
+
+    def _dead_share_reason(self) -> str | None:
+        """Why this rank's engine, or its node's share of one, is dead (None: alive, or none here). Looks
+        at the processes now: a death since the monitor's last poll counts."""
+        engine = self.engine if self.owner else self.node_engine
+        if engine is None or not engine_health.check_now(engine):
+            return None
+        return engine_health.monitor_of(engine).dead_reason
 
     def load_weights(self, named_tensors) -> None:
         """Full HF-named tensors into the engine through SGLang's own loader (the fallback sync path)."""

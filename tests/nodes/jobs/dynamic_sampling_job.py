@@ -8,6 +8,8 @@ rounds it drew and the counts, for the test to check.
 
 --fail-rank R --fail-attempt A: rank R raises inside its draw of round A, while the other ranks wait in
 that round's all_reduce; the failure signal must stop them with R's error.
+--lose-rank R --lose-attempts A,B: rank R's rounds A and B come back lost (as after an engine death) the
+first time; every rank resyncs and R draws each again (the same round), which must change nothing kept.
 """
 
 import argparse
@@ -54,6 +56,8 @@ def main():
     parser.add_argument("--scenario", default="trim", choices=sorted(SCENARIOS))
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-attempt", type=int, default=2)
+    parser.add_argument("--lose-rank", type=int, default=-1)
+    parser.add_argument("--lose-attempts", default="")
     parser.add_argument("--out")
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
@@ -62,20 +66,38 @@ def main():
     holds = rank < world - 1
     kept_per_round = sc["kept"][rank] if holds else 0
     failure = FailureSignal.from_default_group(poll_s=0.2).start()
-    draws = []
+    draws, resyncs, redraws = [], [], []
+    to_lose = {int(a) for a in args.lose_attempts.split(",") if a} if rank == args.lose_rank else set()
+    attempt_now = [1]
+
+    def round_of(attempt):
+        if attempt in to_lose:  # lost once: its redraw is the round itself
+            to_lose.discard(attempt)
+            return Round(lost=True)
+        return make_round(rank, attempt, kept_per_round)
+
+    def resync():
+        resyncs.append(attempt_now[0])
+
+    def redraw(lost):
+        redraws.append([attempt_now[0], lost])
+        return make_round(rank, attempt_now[0], kept_per_round) if lost else Round()
 
     def draw(attempt):
         draws.append(attempt)
+        attempt_now[0] = attempt
         if rank == args.fail_rank and attempt == args.fail_attempt:
             time.sleep(0.5)  # the others are inside the all_reduce by now
             raise ValueError(f"deliberate failure in round {attempt}")
         if rank == 0:
             time.sleep(0.3)  # a slower engine: the others wait for it in the collective
-        return make_round(rank, attempt, kept_per_round) if holds else Round()
+        return round_of(attempt) if holds else Round()
 
     def dynamic_sampling(ctx, inputs):
-        first = make_round(rank, 1, kept_per_round) if holds else Round()
-        result = collect_groups(first, draw, sc["target"], sc["attempts"], sc["unit"])
+        first = round_of(1) if holds else Round()
+        result = collect_groups(
+            first, draw, sc["target"], sc["attempts"], sc["unit"], resync=resync, redraw=redraw
+        )
         return {"result": result}
 
     pipeline = Pipeline("dapo_test").add("dynamic_sampling", "all", dynamic_sampling, ["prompts"], ["result"])
@@ -84,6 +106,8 @@ def main():
     mine = {
         "rank": rank,
         "draws": draws,
+        "resyncs": resyncs,
+        "redraws": redraws,
         "attempts": result.attempts,
         "kept_groups": result.kept_groups,
         "kept_before_trim": result.kept_before_trim,
