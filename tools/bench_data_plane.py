@@ -210,7 +210,7 @@ def report(name, walls, traffic, tokens, world, payload):
     share = through[busiest] / (total / world)
     one_way = traffic.max() / (payload / world)
     line = (
-        f"{name:<12} wall {statistics.median(walls):.3f} s (runs: {', '.join(f'{w:.3f}' for w in walls)}); "
+        f"{name:<12} wall {statistics.median(walls):.4f} s (runs: {', '.join(f'{w:.3f}' for w in walls)}); "
         f"busiest rank {busiest}: {traffic[busiest, 0] / MiB:.1f} MiB sent + {traffic[busiest, 1] / MiB:.1f} MiB "
         f"received = {through[busiest] / MiB:.1f} MiB of {total / MiB:.1f} MiB total traffic "
         f"(busiest / (total/N) = {share:.2f}; largest one-way bytes / (batch/N) = {one_way:.2f}); "

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,7 +37,13 @@ from distflow.plan.simulate import calibrate
 from distflow.plan.simulate.best_time import median_seconds
 from distflow.plan.simulate.data_movement import Link, multi_controller_seconds, plan_edge
 from distflow.plan.simulate.hardware_profile import Knobs, load_profile
-from distflow.plan.simulate.step import allgather_seconds, host_links, simulate_step
+from distflow.plan.simulate.step import (
+    allgather_seconds,
+    crowd_measurement,
+    exchange_seconds,
+    host_links,
+    simulate_step,
+)
 from distflow.plan.simulate.weight_sync import weight_sync_seconds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,21 +109,31 @@ def predict_data_plane(profile, ranks: int) -> tuple[float, float]:
     # one process), then unpacks, balances, selects and packs every consumer DP rank's share in its one
     # process (driver_shares: index copies of sample runs, slower than one memcpy, so timed here on the
     # bench's own shards, as the plan is), and sends each share to both TP ranks (a size and a payload
-    # message each, gloo one way out of one process). Whole tensors: no per-sample objects.
+    # message each, gloo one way out of one process) while it makes the next (driver_pipeline). Whole
+    # tensors: no per-sample objects.
     payload = float(lengths.sum()) * 12
     received = payload * (ranks - 1) / ranks
-    sent = payload * 2 - payload / (ranks // 2)  # every DP share to its 2 TP ranks, but rank 0's own
     nic, latency = profile.driver_nic_bandwidth.value, profile.intra_latency.value
     own_pack = payload / ranks / (profile.memcpy_bandwidth.value * share)
+    gathered = received / nic + (ranks - 1) * latency
     baseline = (
-        own_pack
-        + received / nic
-        + (ranks - 1) * latency
-        + time_driver_shares(ranks, consumer)
-        + sent / nic
-        + 2 * (ranks - 1) * latency
+        own_pack + gathered + driver_pipeline(time_driver_shares(ranks, consumer), consumer, nic, latency)
     )
     return coordinator, baseline
+
+
+def driver_pipeline(shares: list[tuple[int, float, int]], consumer: PlacedLayout, nic: float, latency: float):
+    """Seconds from rank 0's gather to its last send arriving: it makes one share after the other and posts
+    each share's sends (isend: a size and a payload message to each TP rank of that DP rank, but itself)
+    before making the next, so the sends of one share fly while the next is made. A two-stage pipeline:
+    a share's sends start when it is made and the previous share's sends are done.
+    shares: (dp rank, seconds to make it, its bytes), in the order driver_shares yields them."""
+    made = sent = 0.0
+    for d, seconds, nbytes in shares:
+        made += seconds
+        messages = sum(dst != 0 for dst in consumer.dp_ranks(d))
+        sent = max(sent, made) + messages * (nbytes / nic + 2 * latency)
+    return sent
 
 
 def bench_args() -> argparse.Namespace:
@@ -130,7 +147,7 @@ def rank_work_seconds(plan, planning_s: float, ranks: int) -> list[float]:
     """Each rank's CPU work in DataCoordinator._execute besides the metadata all-gather and the messages:
     sorting its batch by id, the plan (planning_s: the same on every rank), packing the runs it sends
     (transport.outgoing) and placing the runs it keeps and receives (transport.Receiver), on the bench's
-    own shard with the real plan, timed alone in this process (the median of 3 after a warm-up). These
+    own shard with the real plan, timed alone in this process (the median of 5 after a warm-up). These
     copies are of sample runs, not one memcpy, so they are timed rather than taken at the memcpy rate."""
     out = []
     for rank in range(ranks):
@@ -143,15 +160,27 @@ def rank_work_seconds(plan, planning_s: float, ranks: int) -> list[float]:
             receiver.copy_kept()
             receiver.finish()
 
-        out.append(planning_s + median_seconds(work, repeats=3))
+        out.append(planning_s + median_seconds(work, repeats=5))
     return out
 
 
-def time_driver_shares(ranks: int, consumer: PlacedLayout) -> float:
+def time_driver_shares(ranks: int, consumer: PlacedLayout, repeats: int = 5) -> list[tuple[int, float, int]]:
     """Rank 0's work between gather and scatter in the bench's baseline (bench_data_plane.driver_shares),
-    on the bench's own N shards, timed alone in this process: the median of 3 runs after a warm-up."""
+    on the bench's own N shards, timed alone in this process share by share (the first share with the
+    unpacking and balancing before it): (dp rank, median seconds over `repeats` runs after a warm-up,
+    bytes)."""
     bufs = [bench._to_bytes(bench.rollout_shard(bench_args(), r, ranks)[0]) for r in range(ranks)]
-    return median_seconds(lambda: list(bench.driver_shares(bufs, consumer)), repeats=3)
+    runs = []
+    for _ in range(repeats + 1):
+        run_, last = [], time.perf_counter()
+        for d, payload in bench.driver_shares(bufs, consumer):
+            now = time.perf_counter()
+            run_.append((d, now - last, payload.numel()))
+            last = time.perf_counter()  # the caller's sends are not the split's work
+        runs.append(run_)
+    return [
+        (d, statistics.median(r[i][1] for r in runs[1:]), nbytes) for i, (d, _, nbytes) in enumerate(runs[0])
+    ]
 
 
 def measure_data_plane(ranks: int, repeats: int) -> tuple[float, float]:
@@ -171,17 +200,25 @@ def predict_weight_sync(profile, ranks: int, arch: ModelArch) -> float:
     tp, pp = WS_LAYOUTS[ranks]
     reshard = estimate_reshard(arch, ParallelLayout.for_world(ranks, tp=tp, pp=pp), 1, 1, 64, 1.0)
     fp32 = replace(reshard, send_bytes=2 * reshard.send_bytes, recv_bytes=2 * reshard.recv_bytes)
-    share = min(1.0, profile.cores.value / ranks)
-    copy = Link(profile.memcpy_bandwidth.value * share, profile.rpc_latency.value)
+    # Every rank writes its slices into the engine's shared-memory staging buffer itself, all at once: a
+    # rank copies at its share of the cores, and the engine's buffer fills as fast as all cores copy.
+    memcpy, cores = profile.memcpy_bandwidth.value, profile.cores.value
+    copy = Link(memcpy * min(1.0, cores / ranks), profile.rpc_latency.value)
+    into_engine = Link(memcpy * min(cores, ranks), profile.rpc_latency.value)
     link, _ = host_links(profile, ranks)
-    return weight_sync_seconds(
+    sync = weight_sync_seconds(
         fp32,
         arch,
         copy,
-        profile.memcpy_bandwidth.value,
+        memcpy,
         profile.measured.get("engine", {}),
-        allgather_seconds(ranks, link, link, ranks, profile),
+        exchange_seconds(ranks, link, link, ranks, profile),
+        engine_link=into_engine,
     )
+    # the bench times each sync from a barrier to a barrier after it (bench_weight_sync.timed): the one
+    # after it is inside the time
+    crowd = crowd_measurement(profile, ranks) or {}
+    return sync + crowd.get("barrier_s", allgather_seconds(ranks, link, link, ranks, profile))
 
 
 def measure_weight_sync(ranks: int, repeats: int) -> float:
@@ -258,7 +295,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", help="a calibrated profile JSON (default: calibrate now)")
     parser.add_argument("--ranks", default="2,4,8")
-    parser.add_argument("--repeats", type=int, default=5)
+    # timed rounds of each bench (medians): a round takes 20-120 ms, and a median of many rounds moves less
+    # between runs on a shared machine than one of a few
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--skip-data-plane", action="store_true")
     parser.add_argument("--skip-weight-sync", action="store_true")
     parser.add_argument("--skip-step", action="store_true")
@@ -296,7 +335,7 @@ def main(argv=None):
             record(
                 f"weight sync (resharder), {n} ranks",
                 predict_weight_sync(profile, n, arch),
-                measure_weight_sync(n, 3),
+                measure_weight_sync(n, args.repeats),
             )
     if not args.skip_step:
         predicted = predict_main_job(profile)

@@ -22,7 +22,13 @@ from distflow.plan.simulate.generation import (
     quantile_lengths,
 )
 from distflow.plan.simulate.hardware_profile import HARDWARE_DIR, Knobs, load_profile, parse_knobs
-from distflow.plan.simulate.step import allgather_seconds, cpu_contention, host_links, simulate_step
+from distflow.plan.simulate.step import (
+    allgather_seconds,
+    cpu_contention,
+    exchange_seconds,
+    host_links,
+    simulate_step,
+)
 from distflow.plan.simulate.weight_sync import weight_sync_seconds
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,8 +74,30 @@ def test_a_weight_sync_agrees_on_every_bucket_and_at_the_end():
     base = weight_sync_seconds(reshard, arch, link, 4e9, {})
     # 2 GB over 1 GB/s + a latency per bucket (2) + 1 GB loaded at 4 GB/s
     assert base == pytest.approx(2.0 + 2e-3 + 0.25)
-    # 2 buckets + the end: 3 exchanges of 2 all-gathers each
-    assert weight_sync_seconds(reshard, arch, link, 4e9, {}, allgather_s=0.01) == pytest.approx(base + 0.06)
+    # 2 buckets + the end: 3 exchanges
+    assert weight_sync_seconds(reshard, arch, link, 4e9, {}, exchange_s=0.02) == pytest.approx(base + 0.06)
+    # the engine takes in 1 GB from all senders at once at 4 GB/s: the busiest sender's 2 s still bound it;
+    # a slower way in (0.25 GB/s: 4 s) bounds it instead
+    assert weight_sync_seconds(reshard, arch, link, 4e9, {}, engine_link=Link(4e9, 1e-3)) == base
+    slow_in = weight_sync_seconds(reshard, arch, link, 4e9, {}, engine_link=Link(2.5e8, 1e-3))
+    assert slow_in == pytest.approx(base + 2.0)
+    # a calibrated copy out of the staging buffer (2 GB/s) replaces the load bandwidth: 0.5 s, not 0.25
+    staged = weight_sync_seconds(reshard, arch, link, 4e9, {"staging_copy_bandwidth": 2e9})
+    assert staged == pytest.approx(base + 0.25)
+
+
+def test_a_resharder_exchange_is_the_measured_all_gather_object_or_two_all_gathers():
+    intra = Link(1e9, 1e-5)
+    plain = _cpu_profile(2, 0.0)
+    # not measured: an all-gather of sizes and one of bytes, each a ring of 7 latencies
+    assert exchange_seconds(8, intra, intra, 8, plain) == pytest.approx(2 * 7 * 1e-5)
+    measured = _cpu_profile(
+        2, 0.0, {"8": {"allgather_s": 0.012, "allgather_object_s": 0.02, "both_ways": 3e8}}
+    )
+    assert exchange_seconds(8, intra, intra, 8, measured) == 0.02
+    # a calibration from before the measurement: two of its all-gathers
+    older = _cpu_profile(2, 0.0, {"8": {"allgather_s": 0.012, "both_ways": 3e8}})
+    assert exchange_seconds(8, intra, intra, 8, older) == pytest.approx(0.024)
 
 
 def test_a_training_pass_is_its_flops_over_the_achieved_rate():

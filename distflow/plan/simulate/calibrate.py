@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from distflow.coordination.weights.staging import file_system_sharing
 from distflow.models.conversion import HFCheckpoint
 from distflow.plan.simulate import megatron_probe
 from distflow.plan.simulate.best_time import median_seconds
@@ -131,7 +132,8 @@ def measure_gloo() -> dict:
 
 CROWD_RANKS = (2, 4, 8)
 CROWD_SLOT_BYTES = 32 * 1024  # the data plane's metadata slot for a few thousand samples (gather.py)
-CROWD_EXCHANGE_BYTES = 4 * MiB
+# A rank's share of the data-plane bench's batch (37 MiB over 2-8 ranks) and of a step's rollout
+CROWD_EXCHANGE_BYTES = 16 * MiB
 
 
 def _gloo_crowd_worker(rank: int, world: int, init_file: str, out):
@@ -144,7 +146,6 @@ def _gloo_crowd_worker(rank: int, world: int, init_file: str, out):
     piece = CROWD_EXCHANGE_BYTES // (world - 1)
     peers = [r for r in range(world) if r != rank]
     outs = {r: torch.ones(piece, dtype=torch.uint8) for r in peers}
-    ins = {r: torch.empty(piece, dtype=torch.uint8) for r in peers}
 
     def timed(fn, repeats: int) -> float:
         """The median over repeats of the slowest rank's time, each repeat starting from a barrier."""
@@ -160,14 +161,25 @@ def _gloo_crowd_worker(rank: int, world: int, init_file: str, out):
         return statistics.median(times)
 
     def exchange():
+        # received into buffers allocated for this exchange, as the data plane's Receiver preallocates each
+        # transfer's consumer batch: their pages are first touched by the receive (20-50% slower here
+        # than into buffers reused from the last exchange)
+        ins = {r: torch.empty(piece, dtype=torch.uint8) for r in peers}
         ops = [dist.P2POp(dist.isend, outs[r], r) for r in peers]
         ops += [dist.P2POp(dist.irecv, ins[r], r) for r in peers]
         for w in dist.batch_isend_irecv(ops):
             w.wait()
 
+    # the weight resharder's status exchange (RankErrors.exchange): an all_gather_object of (error, a few
+    # numbers), i.e. pickling, an all-gather of sizes and one of the padded bytes
+    statuses = [None] * world
+    status = (None, {"seconds": 0.1, "sent": 123456789, "group_sent": 0})
+
     results = {
         "allgather_s": timed(lambda: dist.all_gather(parts, slot), 20),
-        "both_ways": piece * len(peers) / timed(exchange, 5),
+        "allgather_object_s": timed(lambda: dist.all_gather_object(statuses, status), 20),
+        "barrier_s": timed(dist.barrier, 20),
+        "both_ways": piece * len(peers) / timed(exchange, 10),
     }
     if rank == 0:
         out.put(results)
@@ -176,9 +188,10 @@ def _gloo_crowd_worker(rank: int, world: int, init_file: str, out):
 
 def measure_gloo_crowd(ranks=CROWD_RANKS) -> dict:
     """{N: costs} of N gloo processes on this host at once (more processes than cores on a small machine):
-    an all-gather of a 32 KiB slot per rank (the data plane's metadata all-gather) and every process
-    sending 4 MiB spread over all the others while receiving as much (a redistribution's many-to-many
-    pattern, all at once): per process bytes/s each way.
+    an all-gather of a 32 KiB slot per rank (the data plane's metadata all-gather), an all_gather_object
+    of a small status (the weight resharder's exchange), a barrier, and every process
+    sending 16 MiB spread over all the others while receiving as much (a redistribution's many-to-many
+    pattern, all at once, into freshly allocated buffers): per process bytes/s each way.
     Measured rather than derived from the 2-process figures: with more processes than cores a collective
     waits for every process to be scheduled, hop after hop, which no per-message latency scaled by
     ranks / cores describes."""
@@ -195,6 +208,40 @@ def measure_gloo_crowd(ranks=CROWD_RANKS) -> dict:
             for p in procs:
                 p.join(60)
     return results
+
+
+def _mapped_copy_worker(queue, out, nbytes: int, repeats: int):
+    mp.set_sharing_strategy("file_system")
+    dst = torch.empty(nbytes // 4)
+    times = []
+    for _ in range(repeats + 1):
+        src = queue.get()  # a new mapping of the sender's shared-memory file
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+        del src  # unmapped: the next one maps the file again
+    out.put(nbytes / statistics.median(times[1:]))
+
+
+def measure_mapped_copy(nbytes: int = 64 * MiB, repeats: int = 5) -> float:
+    """Bytes/s a process copies out of a shared-memory buffer that another process wrote and that it has
+    just mapped, as an engine loads the weight sync's staging buffer each sync (the resharder hands it views
+    of the buffer by file name; every page of the new mapping faults on its first read)."""
+    ctx = mp.get_context("spawn")
+    previous = mp.get_sharing_strategy()
+    mp.set_sharing_strategy("file_system")
+    try:
+        src = torch.ones(nbytes // 4).share_memory_()
+        queue, out = ctx.Queue(), ctx.Queue()
+        child = ctx.Process(target=_mapped_copy_worker, args=(queue, out, nbytes, repeats))
+        child.start()
+        for _ in range(repeats + 1):
+            queue.put(src)
+        rate = out.get(timeout=300)
+        child.join(60)
+    finally:
+        mp.set_sharing_strategy(previous)
+    return rate
 
 
 def _descendants_cpu_seconds() -> float:
@@ -252,21 +299,25 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
         per_iter = {b: (t[(b, 9)] - t[(b, 1)]) / 8 for b in (1, batch)}
         per_seq = max(0.0, (per_iter[batch] - per_iter[1]) / (batch - 1))
         request = max(0.0, (t[(batch, 1)] - t[(1, 1)]) / (batch - 1))
-        checkpoint = HFCheckpoint(model_dir)
-        tensors = [(name, checkpoint.get(name)) for name in checkpoint.names()]
-        update = median_seconds(lambda: update_weights_from_tensors(engine, tensors), repeats=3)
+        tensors = staged_views(HFCheckpoint(model_dir))
+
+        def update_with(named):
+            with file_system_sharing():
+                update_weights_from_tensors(engine, named)
+
+        update = median_seconds(lambda: update_with(tensors), repeats=5)
         half = tensors[: len(tensors) // 2]
-        update_half = median_seconds(lambda: update_weights_from_tensors(engine, half), repeats=3)
+        update_half = median_seconds(lambda: update_with(half), repeats=5)
         per_tensor = max(0.0, (update - update_half) / (len(tensors) - len(half)))
 
         def release_resume():
             release_memory(engine)
             resume_memory(engine)
-            update_weights_from_tensors(engine, tensors)  # released weights come back empty
+            update_with(tensors)  # released weights come back empty
 
         cycle = median_seconds(release_resume, repeats=3) - update
         idle_cores = measure_idle_engine_cores(engine)
-        update_weights_from_tensors(engine, tensors)
+        update_with(tensors)
     finally:
         shutdown_engine(engine)
     return {
@@ -280,7 +331,27 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
         "release_resume_s": max(0.0, cycle),
         "engine_update_bytes": sum(v.numel() * v.element_size() for _, v in tensors),
         "idle_cpu_cores": idle_cores,
+        "staging_copy_bandwidth": measure_mapped_copy(),
     }
+
+
+def staged_views(checkpoint: HFCheckpoint) -> list[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors as views of one shared-memory buffer, as the weight resharder hands an
+    engine its staging buffer: serializing a view then passes the buffer's name, where a tensor of its own
+    is first copied into a new shared-memory segment (0.4-0.55 ms a tensor here against 0.02-0.05 ms)."""
+    values = {n: checkpoint.get(n).contiguous() for n in checkpoint.names()}
+    starts, at = {}, 0
+    for name, value in values.items():
+        starts[name] = at
+        at += -(-value.numel() * value.element_size() // 8) * 8  # 8-byte aligned, for any dtype's view
+    flat = torch.zeros(at, dtype=torch.uint8).share_memory_()
+    out = []
+    for name, value in values.items():
+        nbytes = value.numel() * value.element_size()
+        view = flat[starts[name] : starts[name] + nbytes].view(value.dtype).view(value.shape)
+        view.copy_(value)
+        out.append((name, view))
+    return out
 
 
 def measure_megatron(config_args: list[str], cfg, knobs: Knobs = Knobs()) -> dict:

@@ -274,7 +274,7 @@ def simulate_step(
         link,
         profile.hbm_bandwidth.value,
         profile.measured.get("engine", {}),
-        allgather_seconds(gpus, inter, intra, per_node, profile),
+        exchange_seconds(gpus, inter, intra, per_node, profile),
     )
 
     # --- control --------------------------------------------------------------------------------------
@@ -318,6 +318,18 @@ def allgather_seconds(
         return crowd["allgather_s"]
     nodes = max(1, math.ceil(gpus / per_node))
     return (min(gpus, per_node) - 1) * intra.latency + (nodes - 1) * inter.latency
+
+
+def exchange_seconds(
+    gpus: int, inter: Link, intra: Link, per_node: int, profile: Optional[Profile] = None
+) -> float:
+    """One all_gather_object of a small status over `gpus` ranks (the weight resharder's exchange): an
+    all-gather of sizes and one of the pickled bytes; on one host where --calibrate timed it with that many
+    processes (measured["gloo_by_ranks"][N]["allgather_object_s"]), that time."""
+    crowd = crowd_measurement(profile, gpus) if profile is not None and gpus <= per_node else None
+    if crowd and "allgather_object_s" in crowd:
+        return crowd["allgather_object_s"]
+    return 2 * allgather_seconds(gpus, inter, intra, per_node, profile)
 
 
 def driver_of(profile: Profile) -> Driver:

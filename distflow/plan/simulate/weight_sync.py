@@ -3,6 +3,8 @@
 its slice into its parameters, and the engine's own cost of an update: a fixed part and one per tensor
 (measured by --calibrate on this machine's SGLang; 0 on a GPU profile, which has no such measurement)."""
 
+from typing import Optional
+
 from distflow.plan.model_size import ModelArch
 from distflow.plan.reshard_estimate import ReshardEstimate
 from distflow.plan.simulate.data_movement import Link
@@ -24,18 +26,26 @@ def weight_sync_seconds(
     link: Link,
     load_bandwidth: float,
     engine: dict,
-    allgather_s: float = 0.0,
+    exchange_s: float = 0.0,
+    engine_link: Optional[Link] = None,
 ) -> float:
-    """link: how a training rank reaches an engine GPU; load_bandwidth: the engine GPU's copy rate;
-    engine: the calibrated engine costs (profile.measured["engine"]; {} for none); allgather_s: one small
-    all-gather over the job's ranks. The resharder agrees on every bucket and on the end with an
-    exchange of every rank's status (RankErrors.exchange: all_gather_object, i.e. two all-gathers, one of
-    sizes and one of bytes): 2 x (buckets + 1) all-gathers a sync, which on a host with more processes
-    than cores cost far more than their bytes."""
+    """link: how one training rank reaches an engine GPU; engine_link: how much an engine GPU takes in from
+    all its senders at once (default: link; on a CPU host the senders write the engine's shared-memory
+    staging buffer in parallel, one core each); load_bandwidth: the engine GPU's copy rate, unless
+    --calibrate measured the engine's copy out of a freshly mapped staging buffer
+    (engine["staging_copy_bandwidth"]); engine: the calibrated engine costs (profile.measured["engine"];
+    {} for none); exchange_s: one exchange of every rank's status (RankErrors.exchange: an
+    all_gather_object). The resharder exchanges after every bucket and at the end: buckets + 1 a sync,
+    which on a host with more processes than cores cost far more than their bytes."""
+    into_engine = engine_link or link
+    transfer = (
+        max(reshard.send_bytes / link.bandwidth, reshard.recv_bytes / into_engine.bandwidth)
+        + reshard.sender_buckets * link.latency
+    )
     return (
-        2 * (reshard.sender_buckets + 1) * allgather_s
-        + link.seconds(max(reshard.send_bytes, reshard.recv_bytes), reshard.sender_buckets)
-        + reshard.recv_bytes / load_bandwidth
+        (reshard.sender_buckets + 1) * exchange_s
+        + transfer
+        + reshard.recv_bytes / engine.get("staging_copy_bandwidth", load_bandwidth)
         + engine.get("engine_update_fixed_s", 0.0)
         + engine.get("engine_update_s_per_tensor", 0.0) * hf_tensor_count(arch)
     )
