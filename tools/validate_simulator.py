@@ -35,7 +35,12 @@ from distflow.plan.model_size import ModelArch
 from distflow.plan.reshard_estimate import estimate_reshard
 from distflow.plan.simulate import calibrate
 from distflow.plan.simulate.best_time import median_seconds
-from distflow.plan.simulate.data_movement import Link, multi_controller_seconds, plan_edge
+from distflow.plan.simulate.data_movement import (
+    Link,
+    multi_controller_seconds,
+    pipelined_sends,
+    plan_edge,
+)
 from distflow.plan.simulate.hardware_profile import Knobs, load_profile
 from distflow.plan.simulate.step import (
     allgather_seconds,
@@ -123,17 +128,15 @@ def predict_data_plane(profile, ranks: int) -> tuple[float, float]:
 
 
 def driver_pipeline(shares: list[tuple[int, float, int]], consumer: PlacedLayout, nic: float, latency: float):
-    """Seconds from rank 0's gather to its last send arriving: it makes one share after the other and posts
-    each share's sends (isend: a size and a payload message to each TP rank of that DP rank, but itself)
-    before making the next, so the sends of one share fly while the next is made. A two-stage pipeline:
-    a share's sends start when it is made and the previous share's sends are done.
-    shares: (dp rank, seconds to make it, its bytes), in the order driver_shares yields them."""
-    made = sent = 0.0
-    for d, seconds, nbytes in shares:
-        made += seconds
-        messages = sum(dst != 0 for dst in consumer.dp_ranks(d))
-        sent = max(sent, made) + messages * (nbytes / nic + 2 * latency)
-    return sent
+    """Seconds from rank 0's gather to its last send done: shares are (dp rank, seconds to make it, its
+    bytes), in the order driver_shares yields them; each goes to the TP ranks of its DP rank but rank 0 (a
+    size and a payload message each, posted with isend before the next share is made)."""
+    return pipelined_sends(
+        [
+            (seconds, sum(dst != 0 for dst in consumer.dp_ranks(d)) * (nbytes / nic + 2 * latency))
+            for d, seconds, nbytes in shares
+        ]
+    )
 
 
 def bench_args() -> argparse.Namespace:

@@ -14,7 +14,7 @@ from distflow.plan.model_size import ModelArch
 from distflow.plan.reshard_estimate import ReshardEstimate
 from distflow.plan.simulate.best_time import median_seconds
 from distflow.plan.simulate.compute import forward_flops_per_token, pass_time, pipeline_bubble
-from distflow.plan.simulate.data_movement import Driver, Link
+from distflow.plan.simulate.data_movement import Driver, Link, pipelined_sends
 from distflow.plan.simulate.generation import (
     EngineCost,
     continuous_batching,
@@ -98,6 +98,27 @@ def test_a_resharder_exchange_is_the_measured_all_gather_object_or_two_all_gathe
     # a calibration from before the measurement: two of its all-gathers
     older = _cpu_profile(2, 0.0, {"8": {"allgather_s": 0.012, "both_ways": 3e8}})
     assert exchange_seconds(8, intra, intra, 8, older) == pytest.approx(0.024)
+
+
+def test_a_driver_sends_one_share_while_it_makes_the_next():
+    # one share: made, then sent
+    assert pipelined_sends([(0.03, 0.02)]) == pytest.approx(0.05)
+    # sends shorter than making: each hides behind the next share; only the last one's is left
+    assert pipelined_sends([(0.03, 0.01), (0.03, 0.01), (0.03, 0.01)]) == pytest.approx(0.09 + 0.01)
+    # sends longer: they queue behind each other from the first share made
+    assert pipelined_sends([(0.01, 0.05), (0.01, 0.05)]) == pytest.approx(0.01 + 0.05 + 0.05)
+    # never less than making everything or than the first share and every send; never more than the sum
+    shares = [(0.012, 0.007), (0.006, 0.014), (0.003, 0.02), (0.009, 0.001)]
+    t = pipelined_sends(shares)
+    assert t >= sum(m for m, _ in shares) + shares[-1][1] - 1e-12
+    assert t >= shares[0][0] + sum(s for _, s in shares) - 1e-12
+    assert t <= sum(m + s for m, s in shares) + 1e-12
+    # monotone: a slower send or a slower share never finishes sooner
+    for i in range(len(shares)):
+        for j in (0, 1):
+            slower = [list(x) for x in shares]
+            slower[i][j] *= 2
+            assert pipelined_sends([tuple(x) for x in slower]) >= t - 1e-12
 
 
 def test_a_training_pass_is_its_flops_over_the_achieved_rate():

@@ -137,3 +137,15 @@ class Driver:
             + objects * self.per_object_s
             + workers * self.rpc_s
         )
+
+
+def pipelined_sends(shares: list[tuple[float, float]]) -> float:
+    """One process that makes shares one after the other and posts each share's sends (asynchronous) before
+    making the next, so the sends of one share fly while the next is made: a two-stage pipeline. shares:
+    (seconds to make it, seconds to send it), in order. A share's sends start once it is made and the
+    previous share's sends are done; returns when the last send is done."""
+    made = sent = 0.0
+    for make_s, send_s in shares:
+        made += make_s
+        sent = max(sent, made) + send_s
+    return sent
