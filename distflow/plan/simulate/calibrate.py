@@ -277,6 +277,19 @@ def measure_idle_engine_cores(engine, seconds: float = 2.0) -> float:
         resume_memory(engine)
 
 
+def measure_generating_engine_cores(engine, prompts: list, repeats: int = 3) -> float:
+    """CPU cores an engine keeps busy while it generates: its scheduler and detokenizer (child processes)
+    and its tokenizer manager (in this process, which otherwise waits for the reply), over the wall time of
+    a batch's generation (the median of `repeats`). On a CPU host the engines of the ranks share the cores."""
+
+    def cores() -> float:
+        cpu, start = _descendants_cpu_seconds() + time.process_time(), time.perf_counter()
+        generate(engine, prompts, max_new_tokens=33, stop_token_ids=[], temperature=1.0)
+        return (_descendants_cpu_seconds() + time.process_time() - cpu) / (time.perf_counter() - start)
+
+    return statistics.median(cores() for _ in range(repeats))
+
+
 def measure_engine(model_dir: str, batch: int = 64) -> dict:
     """One SGLang engine (TP 1) on the model: a decode iteration's cost at batch 1 and `batch` (from
     max_new_tokens 9 vs 1, EOS ignored), each request's own cost, a weight update of all and of half the
@@ -296,6 +309,7 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
             )
 
         t = {(b, k): run(b, k) for b in (1, batch) for k in (1, 9)}
+        generating_cores = measure_generating_engine_cores(engine, prompt * batch)
         per_iter = {b: (t[(b, 9)] - t[(b, 1)]) / 8 for b in (1, batch)}
         per_seq = max(0.0, (per_iter[batch] - per_iter[1]) / (batch - 1))
         request = max(0.0, (t[(batch, 1)] - t[(1, 1)]) / (batch - 1))
@@ -332,6 +346,7 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
         "engine_update_bytes": sum(v.numel() * v.element_size() for _, v in tensors),
         "idle_cpu_cores": idle_cores,
         "staging_copy_bandwidth": measure_mapped_copy(),
+        "generating_cpu_cores": generating_cores,
     }
 
 

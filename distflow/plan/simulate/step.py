@@ -157,9 +157,11 @@ def simulate_step(
         k.response_length_sigma,
         seed=k.seed,
     )
-    out.phases["generate"] = gen.seconds
-    if p.kind == "colocated" and cfg.rollout.release_memory_in_training:
-        # The engine frees its memory for training and takes it back to generate: measured on CPU.
+    engines_on_host = max(1, min(len(p.rollout_ranks), per_node) // p.engine_tp)
+    out.phases["generate"] = gen.seconds * engine_contention(profile, engines_on_host)
+    if p.kind == "colocated" and cfg.rollout.release_memory_in_training and cfg.trainer.device != "cpu":
+        # The engine frees its memory for training and takes it back to generate (the rollout worker's
+        # release_between_steps: on CPU SGLang has nothing to release, and the worker skips it).
         out.phases["generate"] += profile.measured.get("engine", {}).get("release_resume_s", 0.0)
 
     # --- reward ---------------------------------------------------------------------------------------
@@ -304,6 +306,18 @@ def cpu_contention(profile: Profile, trainers: int, engines: int, calibrated_wit
         return max(1.0, busy / cores)
 
     return slowdown(trainers + engines * idle) / slowdown(calibrated_with)
+
+
+def engine_contention(profile: Profile, engines: int) -> float:
+    """How much slower each engine generates in the job than the one engine --calibrate timed alone, on a
+    host with fewer cores than the engines' busy processes (a CPU machine): a generating engine keeps
+    measured["engine"]["generating_cpu_cores"] busy (its scheduler, detokenizer and the owner's tokenizer
+    manager), and `engines` of them share the cores fairly. 1 without that measurement (GPU profiles)."""
+    busy = profile.measured.get("engine", {}).get("generating_cpu_cores", 0.0)
+    if not busy:
+        return 1.0
+    cores = profile.cores.value
+    return max(1.0, engines * busy / cores) / max(1.0, busy / cores)
 
 
 def allgather_seconds(
