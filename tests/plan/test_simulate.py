@@ -25,6 +25,7 @@ from distflow.plan.simulate.hardware_profile import HARDWARE_DIR, Knobs, load_pr
 from distflow.plan.simulate.step import (
     allgather_seconds,
     cpu_contention,
+    engine_contention,
     exchange_seconds,
     host_links,
     simulate_step,
@@ -202,6 +203,42 @@ def test_idle_engines_share_the_cores_with_the_trainer():
     # monotone: more idle CPU or more ranks never makes it faster
     values = [cpu_contention(_cpu_profile(2, idle), n, n, 2) for n in (2, 4) for idle in (0.25, 0.5, 1.0)]
     assert values == sorted(values)
+
+
+def test_engines_that_generate_share_the_cores():
+    def profile(cores, busy):
+        base = _cpu_profile(cores, 0.0)
+        return replace(base, measured={"engine": {"generating_cpu_cores": busy}} if busy else {})
+
+    # one engine alone keeps 1.5 cores of 2 busy (the calibration); 2 of them want 3 cores: 1.5x slower
+    assert engine_contention(profile(2, 1.5), 2) == pytest.approx(1.5)
+    # the calibrated engine alone already wanted more than the cores: only the extra counts
+    assert engine_contention(profile(2, 4.0), 2) == pytest.approx(8 / 2 / (4 / 2))
+    # enough cores, one engine, or no measurement (a GPU profile): none
+    assert engine_contention(profile(8, 1.5), 2) == 1.0
+    assert engine_contention(profile(2, 1.5), 1) == 1.0
+    assert engine_contention(profile(2, 0.0), 8) == 1.0
+    # monotone in the engines and in the CPU each keeps busy
+    values = [engine_contention(profile(2, busy), n) for n in (1, 2, 4) for busy in (0.5, 1.0, 2.0)]
+    assert all(v >= 1.0 for v in values)
+    assert [engine_contention(profile(2, 1.0), n) for n in (1, 2, 4, 8)] == sorted(
+        engine_contention(profile(2, 1.0), n) for n in (1, 2, 4, 8)
+    )
+
+
+def test_a_cpu_job_never_releases_its_engines(arch, h100):
+    # the rollout worker releases and resumes an engine's memory around training only on GPUs
+    engine = {"decode_iteration_s_base": 1e-3, "decode_iteration_s_per_seq": 1e-5, "release_resume_s": 0.3}
+    calibrated = replace(h100, measured={"engine": engine})
+
+    def generate(device):
+        cfg = resolve(
+            str(REPO / "examples/configs/gpu_base.yaml"),
+            OVERRIDES + ["data.train_batch_size=128", "actor.mini_batch_size=64", f"trainer.device={device}"],
+        )
+        return simulate_step(cfg, arch, 8, calibrated, "multi", time_planning=False).phases["generate"]
+
+    assert generate("auto") == pytest.approx(generate("cpu") + 0.3)
 
 
 def test_a_crowd_measurement_replaces_the_oversubscription_rule():
