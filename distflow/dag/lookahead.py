@@ -35,7 +35,7 @@ version (the restarted engine holds model.path's weights until then), and the en
 with its own seeds. In lock-step that is the rollout's own version, so the run stays exact; a rollout lost
 ahead (k > 0) is generated with the newer weights of its taking step (staleness 0), as the weights it was
 started with are gone from every rank by then. A submitted rollout (partial) keeps the tokens its requests
-had: they continue on the restarted engine (RolloutWorker.restart_engine). A streamed step's early parts are
+had: they continue on the restarted engine (EngineRestarts.restart_engine). A streamed step's early parts are
 dropped with their log-probs, and its passes run on the rollout generated again.
 """
 

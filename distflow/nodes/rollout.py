@@ -60,13 +60,13 @@ def generate_samples(ctx, prompts) -> tuple:
             raise EngineDiedError(f"{died or first}; not restarted in place: {refused}") from died
         if rollout.owner and engine_health.is_dead(rollout.engine):
             cause = f"died in step {ctx.step.step}'s rollout; its prompts are generated again"
-            if rollout.restarts_at_syncs:
+            if rollout.restarts.at_syncs:
                 print(
                     f"[rollout] engine {rollout.engine_index} {cause} after the resync restarts it",
                     flush=True,
                 )
             else:
-                rollout.restart_engine(cause)
+                rollout.restarts.restart_engine(cause)
         ctx.weight_sync.resync()  # restarts an engine over nodes, with its other nodes' ranks
         # Each dead owner generates its own prompts alone (with their home seeds, the same samples).
         balance, rollout.balance_stats = False, None
@@ -124,14 +124,14 @@ def _generate_or_lose(ctx, prompts) -> tuple:
         return _generate(ctx, prompts, balance=True)
     except (EngineDiedError, EveryEngineDied) as exc:
         rollout = ctx.workers.rollout
-        rollout.raise_unless_restartable(exc)
+        rollout.restarts.raise_unless_restartable(exc)
         stream = ctx.samples_stream
         if stream is not None and not stream.closed:  # every rank walks all of its parts: the rest leave now
             stream.close()
         # EveryEngineDied: restarted already. An engine over nodes restarts in the resync of the step that
-        # takes the rollout, with its other nodes' ranks (RolloutWorker.revive_dead_engines).
-        if rollout.owner and engine_health.is_dead(rollout.engine) and not rollout.restarts_at_syncs:
-            rollout.restart_engine(
+        # takes the rollout, with its other nodes' ranks (EngineRestarts.revive_dead_engines).
+        if rollout.owner and engine_health.is_dead(rollout.engine) and not rollout.restarts.at_syncs:
+            rollout.restarts.restart_engine(
                 f"died in step {ctx.step.step}'s rollout; it is generated again when that step takes it"
             )
         raise RolloutLost(f"engine {rollout.engine_index}: {str(exc).splitlines()[0]}") from exc
@@ -145,13 +145,13 @@ def _generate_or_mark_lost(ctx, prompts) -> tuple:
         return _generate(ctx, prompts, balance=True)
     except (EngineDiedError, EveryEngineDied) as exc:
         rollout = ctx.workers.rollout
-        rollout.raise_unless_restartable(exc)
+        rollout.restarts.raise_unless_restartable(exc)
         cause = f"died in step {ctx.step.step}'s rollout; its prompts are generated again after a resync"
         if rollout.owner and engine_health.is_dead(rollout.engine):
-            if rollout.restarts_at_syncs:
+            if rollout.restarts.at_syncs:
                 print(f"[rollout] engine {rollout.engine_index} {cause}, which restarts it", flush=True)
             else:
-                rollout.restart_engine(cause)
+                rollout.restarts.restart_engine(cause)
         ctx.step.lost_prompts = prompts
         return None, {}
 

@@ -27,7 +27,7 @@ def sync_weights(ctx, inputs):
     # Engines restarted in place so far in this attempt (at a rollout's death, or in this sync), summed over
     # the owners (an engine over nodes counts its restarts on each node's rank too, for its budget).
     rollout = ctx.workers.rollout
-    ctx.record(**{"rollout/engine_restarts": rollout.engine_restarts if rollout.owner else 0})
+    ctx.record(**{"rollout/engine_restarts": rollout.restarts.count if rollout.owner else 0})
     return {"weight_version": ctx.workers.rollout.weight_version}
 
 
@@ -55,7 +55,7 @@ class WeightSync:
         again (every rank hears of the death in the same exchange, so all retry), within
         rollout.engine_restarts."""
         for attempt in range(self.cfg.rollout.engine_restarts + 1):
-            self.rollout.revive_dead_engines()  # raises once a dead engine's restarts are spent
+            self.rollout.restarts.revive_dead_engines()  # raises once a dead engine's restarts are spent
             try:
                 return self._sync()
             except WeightSyncError as exc:
@@ -85,7 +85,7 @@ class WeightSync:
         """Collective: why a dead engine cannot be restarted in place ("" when every one can), the same on
         every rank, so that all ranks retry the sync or all raise its error."""
         answers = [None] * dist.get_world_size()
-        dist.all_gather_object(answers, self.rollout.why_not_restartable())
+        dist.all_gather_object(answers, self.rollout.restarts.why_not_restartable())
         return "; ".join(f"rank {rank}: {why}" for rank, why in enumerate(answers) if why)
 
     def continue_versions_from(self, version: int) -> None:

@@ -3,7 +3,7 @@
 import pytest
 
 from distflow.nodes.reward import with_env_rewards
-from distflow.workers.rollout.worker import SampleInfo
+from distflow.workers.rollout.sample_packing import SampleInfo
 
 
 def _info(env):

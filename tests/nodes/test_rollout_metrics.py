@@ -6,7 +6,7 @@ import pytest
 
 from distflow.nodes import rollout
 from distflow.nodes.context import NodeContext, StepState, Workers
-from distflow.workers.rollout.worker import SampleInfo
+from distflow.workers.rollout.sample_packing import SampleInfo
 
 
 def test_generate_records_lengths_and_counts():

@@ -11,7 +11,7 @@ from distflow.batch import PackedBatch
 from distflow.data.prompts import Prompt
 from distflow.nodes.context import NodeContext, StepState, Workers
 from distflow.nodes.validation import validate
-from distflow.workers.rollout.worker import SampleInfo
+from distflow.workers.rollout.sample_packing import SampleInfo
 
 
 class Tokenizer:

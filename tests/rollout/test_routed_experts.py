@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from distflow.workers.rollout.sample_packing import pack_samples
 from distflow.workers.rollout.sglang_engine import EngineCallError, RolloutSample, routed_experts_of
-from distflow.workers.rollout.worker import pack_samples
 
 LAYERS, TOP_K = 2, 2
 

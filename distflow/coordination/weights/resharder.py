@@ -128,7 +128,7 @@ class WeightResharder:
         self._bucket_handles: dict = {}  # (engine, engine rank) -> this bucket's handles from its host
 
     def replace_engine(self, engine) -> None:
-        """The owner's engine was restarted (RolloutWorker.restart_engine): later loads go to `engine`, whose
+        """The owner's engine was restarted (EngineRestarts.restart_engine): later loads go to `engine`, whose
         layout is checked again at its first sync. The staging buffers are the hosts' and stay."""
         _check_engine_args(engine)
         self.engine = engine

@@ -21,7 +21,7 @@ from distflow.batch.packed import FieldSchema
 from distflow.coordination.data.layouts import FieldPlacement, PlacedLayout
 from distflow.coordination.data.plan import RedistributionPlan, SampleTable, plan_redistribution
 
-# Bytes of one row of each field the built-in pipelines move (distflow/workers/rollout/worker.py: int64
+# Bytes of one row of each field the built-in pipelines move (distflow/workers/rollout/sample_packing.py: int64
 # token ids, float32 masks and log-probs); per-sample fields hold one row a sample.
 ROW_BYTES = {"input_ids": 8}
 DEFAULT_ROW_BYTES = 4

@@ -8,7 +8,7 @@ which makes MoE runs collapse. With replay, only the experts' mixing weights are
 RouterReplay gathers its own scores at the given experts), so gradients still reach the router.
 
 A micro-batch carries `routed_experts` [rows, seq, layers * top_k] (from the rollout's samples, see
-workers/rollout/worker.pack_samples). Before each model chunk's forward, every router of that chunk (its
+workers/rollout/sample_packing.pack_samples). Before each model chunk's forward, every router of that chunk (its
 global layer number picks the columns) gets its layer's experts in Megatron's token order: sequence-major
 ([seq, rows] flattened), and with sequence parallelism only this TP rank's part of the sequence. Padding
 tokens take experts 0..top_k-1 (distinct, as a router's choice is; their outputs are never read).

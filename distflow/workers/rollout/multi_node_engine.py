@@ -5,7 +5,7 @@ that node's TP ranks; they rendezvous at dist_init_addr (an address:port on the 
 first node's process (node_rank 0, the engine's owner here) serves requests. No launcher is involved: the
 owner picks a free port on its host and publishes the address in the job's c10d store, and every other
 node's first engine rank reads it from there (a bounded wait), so all of an engine's processes are started
-by the trainer ranks themselves, as single-node engines are. A restarted engine (RolloutWorker.revive_dead_engines:
+by the trainer ranks themselves, as single-node engines are. A restarted engine (EngineRestarts.revive_dead_engines:
 every node's share restarts together) rendezvouses at a new address under a new key: the old one is
 still in the store and names processes that are gone.
 """

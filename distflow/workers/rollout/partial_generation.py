@@ -13,7 +13,7 @@ pause_generation(mode="retract") does, so every later token, and its log-prob, i
 policy gives for that prefix. `result` waits for the rest.
 
 An engine that dies with requests in flight (restarted within rollout.engine_restarts) takes them over
-as if it had been interrupted when they were last collected: RolloutWorker.restart_engine moves them to the
+as if it had been interrupted when they were last collected: EngineRestarts.restart_engine moves them to the
 new engine (`move_to`), and the sync that gives it weights continues them there.
 
 What changes with an interruption, and what does not: a continued request samples with a seed derived from

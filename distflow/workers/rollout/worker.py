@@ -11,18 +11,14 @@ chunks that any owner may claim through the job's c10d store (rollout.balance=st
 chunked_generation.py); stolen chunks' samples come back to their home owner and are sampled with the home
 engine's seeds, so the returned batch is the same whichever engine generated a prompt.
 Each engine's processes log to <trainer.output_dir>/engine_logs/engine<i>.log; errors about an engine (a
-failed start, a death during generation or a sync) end with that log's last lines.
+failed start, a death during generation or a sync) end with that log's last lines. A dead engine restarts in
+place (engine_restarts.py); sample_packing.py packs the samples into the batch that leaves.
 """
 
 import contextlib
 import functools
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
 from distflow.batch import PackedBatch
@@ -37,31 +33,11 @@ from distflow.workers.rollout import (
     work_stealing,
 )
 from distflow.workers.rollout.engine_health import EngineDiedError
+from distflow.workers.rollout.engine_restarts import EngineRestarts
 from distflow.workers.rollout.engine_state import state_of
+from distflow.workers.rollout.sample_packing import pack_samples, routes_width
 
 ID_STRIDE = 1_000_000  # sample id = engine * ID_STRIDE + local index: unique over the job without talking
-
-
-@dataclass
-class SampleInfo:
-    """What scoring needs about a sample and does not travel with the token tensors."""
-
-    prompt_len: int
-    response_ids: list[int]
-    finish_reason: str
-    data_source: str
-    ground_truth: object
-    extra_info: dict
-    weight_version: int = 0
-    """The engine weight version (completed syncs) that sampled the response (its first token)."""
-    token_versions: list[int] | None = None
-    """Partial rollouts: the version that sampled each response token (a weight update fell inside the
-    generation); None: every token weight_version."""
-    final_turn: int = 0
-    """Multi-turn: where the policy's last turn starts in response_ids (outcome scorers read from there)."""
-    env: dict | None = None
-    """Multi-turn: the trajectory's record (turns, tool_calls, tool_errors, status, env_reward: the summed
-    per-step rewards; RolloutSample.env)."""
 
 
 def placement_device(cfg) -> str:
@@ -100,7 +76,7 @@ class RolloutWorker:
         self._balance_round = 0  # balanced generate calls so far: namespaces their store keys
         self.balance_stats: dict | None = None  # the last balanced call's totals (generate(balance=True))
         self.node_engine = None  # a later node's share of a multi-node engine (its SGLang processes only)
-        self.engine_restarts = 0  # this engine's restarts in this attempt (rollout.engine_restarts)
+        self.restarts = EngineRestarts(self)  # of this rank's engine when it dies (rollout.engine_restarts)
         self.engine_nnodes = placement.engine_nnodes
         self.placement = placement
         self.node_rank = placement.engine_node_rank(rank)  # None on ranks that start no SGLang processes
@@ -122,15 +98,15 @@ class RolloutWorker:
                 log_path=engine_log_path(cfg, self.engine_index, self.node_rank),
                 call_timeout_s=cfg.rollout.call_timeout_s or cfg.trainer.dist_timeout_s,
             )
-            engine = self._start_engine()
+            engine = self.start_engine()
             if self.owner:
                 self.engine = engine
             else:
                 self.node_engine = engine
 
-    def _start_engine(self):
+    def start_engine(self):
         """This rank's engine (its node's share of it, for an engine over nodes), started as at the first
-        start. An engine over nodes rendezvouses anew each time (its starts so far name the store key):
+        start (at init, and by EngineRestarts after a death). An engine over nodes rendezvouses anew each time (its starts so far name the store key):
         the last start's address belongs to processes that are gone."""
         args = dict(self._engine_args)
         if self.engine_nnodes > 1:
@@ -207,7 +183,7 @@ class RolloutWorker:
         if in_flight is not None:  # what is left of it, then all of it
             try:
                 outs = in_flight.result()
-            except EngineDiedError:  # a restart of the engine re-issues its requests (restart_engine)
+            except EngineDiedError:  # its restart re-issues its requests (EngineRestarts.restart_engine)
                 self.in_flight[step] = in_flight
                 raise
         elif chunked:
@@ -241,8 +217,8 @@ class RolloutWorker:
         if not self.owner:
             return
         what = f"submitting step {step}'s rollout"
-        self.revive_dead_engine(what)  # its requests then wait for the next sync, as the others in flight
-        if self._dead_until_a_sync(step):
+        self.restarts.revive_dead_engine(what)  # its requests then wait for the next sync, as those in flight
+        if self.restarts.dead_until_a_sync(step):
             return
         self.make_resident()
         submit = functools.partial(
@@ -255,22 +231,9 @@ class RolloutWorker:
         try:
             self.in_flight[step] = submit(self.engine)
         except EngineDiedError:  # died since the check above
-            self.revive_dead_engine(what)
-            if not self._dead_until_a_sync(step):
+            self.restarts.revive_dead_engine(what)
+            if not self.restarts.dead_until_a_sync(step):
                 self.in_flight[step] = submit(self.engine)
-
-    def _dead_until_a_sync(self, step: int) -> bool:
-        """An engine over nodes found dead when submitting step `step`'s rollout waits for the next weight
-        sync to restart it (revive_dead_engines): nothing is submitted, and the step generates its rollout
-        when it takes it, on the restarted engine."""
-        if not (self.restarts_at_syncs and engine_health.is_dead(self.engine)):
-            return False
-        print(
-            f"[rollout] engine {self.engine_index} is dead; step {step}'s rollout is not submitted: the next "
-            "weight sync restarts the engine, and the step generates its rollout when it takes it",
-            flush=True,
-        )
-        return True
 
     def cancel(self, step: int) -> None:
         """Drops step `step`'s submitted rollout, if any (a rollout gone stale is generated again)."""
@@ -335,128 +298,19 @@ class RolloutWorker:
             **sampling,
         )
         if run.died is not None:  # the live engines generate what it had left; it restarts meanwhile
-            self.raise_unless_restartable(run.died)
+            self.restarts.raise_unless_restartable(run.died)
             given = board.abandon(run.unfinished)
             cause = f"died in step {step}'s rollout; {given} of its chunks go to the other engines"
-            if self.restarts_at_syncs:
+            if self.restarts.at_syncs:
                 print(
                     f"[rollout] engine {self.engine_index} {cause}; it restarts at the next weight sync",
                     flush=True,
                 )
             else:
-                self.restart_engine(cause)
+                self.restarts.restart_engine(cause)
             board.wait_for_adopters()
         mine, self.balance_stats = board.finish(run.generated, run.tokens)
         return [s for c in chunks for s in mine[c.index]]
-
-    @property
-    def restarts_at_syncs(self) -> bool:
-        """Whether this rank's engine restarts only in a weight sync's collective revive_dead_engines: an
-        engine over nodes, whose processes belong to several ranks that must restart them together (the
-        engine's owner alone restarts any other engine where it finds it dead)."""
-        return self.engine_nnodes > 1
-
-    def _why_not_restartable(self) -> str | None:
-        """Why this engine cannot be restarted in place now (None: it can)."""
-        budget = self.cfg.rollout.engine_restarts
-        if self.engine_restarts >= budget:
-            return f"engine {self.engine_index} has used its {budget} restart(s) in this attempt: rollout.engine_restarts"
-        return None
-
-    def why_not_restartable(self) -> str | None:
-        """Why this rank's dead engine cannot be restarted in place; None if it can, or if none is dead here."""
-        if self._dead_share_reason() is None:
-            return None
-        return self._why_not_restartable()
-
-    def raise_unless_restartable(self, died: Exception) -> None:
-        """Raises `died` when the engine's restarts are spent: the job then stops, and a torchrun restart
-        resumes it from its last checkpoint."""
-        why = self._why_not_restartable()
-        if why is not None:
-            raise EngineDiedError(f"{died}\n({why})") from died
-
-    def restart_engine(self, cause: str) -> None:
-        """Owner of a dead engine: stops what is left of it and starts it again from model.path, with the
-        version count it had. Its weights are stale (generate refuses them) until the next weight sync loads
-        the actor's current ones through the normal path; the resharder picks the new engine up there.
-        Partial rollouts in flight on it move to the new engine, and that sync continues their unfinished
-        requests there (partial_generation.InFlightGeneration.move_to). An engine over nodes restarts only
-        in revive_dead_engines, where its other nodes' ranks restart their shares with it.
-        cause: what happened to it, for the log line."""
-        moved = (
-            f"; the unfinished requests of the rollouts of steps {sorted(self.in_flight)} in flight on it are "
-            "re-issued after the next weight sync"
-            if self.in_flight
-            else ""
-        )
-        print(
-            f"[rollout] engine {self.engine_index} {cause}; it restarts ({self.engine_restarts + 1} of "
-            f"rollout.engine_restarts={self.cfg.rollout.engine_restarts}){moved}",
-            flush=True,
-        )
-        dead, version = self.engine, state_of(self.engine).version
-        with contextlib.suppress(Exception):  # whatever survived of it (a detokenizer, a frozen scheduler)
-            sglang_engine.shutdown_engine(dead)
-        self.engine = self._start_engine()
-        self.engine_restarts += 1
-        state = state_of(self.engine)
-        state.version = version
-        state.stale_reason = (
-            f"restarted after a death ({self.engine_restarts} restart(s)); it holds model.path's weights "
-            "until the next weight sync"
-        )
-        self.released = set()
-        for generation in self.in_flight.values():
-            generation.move_to(self.engine)
-
-    def revive_dead_engine(self, before: str = "the weight sync") -> None:
-        """An owner whose engine died outside a rollout (between steps, in a failed sync, with partial
-        rollouts in flight) restarts it, within rollout.engine_restarts: before a weight sync (on every
-        rank, revive_dead_engines), or before submitting a partial rollout. An engine over nodes is left
-        dead here: it restarts at the next sync."""
-        if not self.owner or self.restarts_at_syncs or not engine_health.is_dead(self.engine):
-            return
-        monitor = engine_health.monitor_of(self.engine)
-        self.raise_unless_restartable(monitor.error(before))
-        self.restart_engine(f"is dead ({monitor.dead_reason})")
-
-    def revive_dead_engines(self) -> None:
-        """Collective (every rank), before a weight sync: restarts the dead engines, within
-        rollout.engine_restarts. Engines over nodes restart here only, every node's share together: a
-        share found dead on any of its ranks (a scheduler killed on a later node may leave the owner's side
-        waiting, or alive and idle) restarts the whole engine, and its ranks rendezvous anew
-        (multi_node_engine.node_args). When any dead engine's restarts are spent, every rank raises the
-        same error, so none waits in the sync for ranks that left."""
-        if not self.restarts_at_syncs:
-            self.revive_dead_engine()
-            return
-        reason = self._dead_share_reason()
-        refused = None if reason is None else self._why_not_restartable()
-        reports = [None] * dist.get_world_size()
-        dist.all_gather_object(reports, (self.engine_index, reason, refused))
-        refusals = [f"rank {rank}: {r}" for rank, (_, _, r) in enumerate(reports) if r]
-        if refusals:
-            first = next(
-                f"engine {e} on rank {rank}: {why}" for rank, (e, why, _) in enumerate(reports) if why
-            )
-            raise EngineDiedError(f"{first}; not restarted in place: {'; '.join(refusals)}")
-        dead = {e: why for e, why, _ in reversed(reports) if why}  # the first rank's reason wins
-        if self.engine_index not in dead:
-            return
-        cause = f"is dead ({dead[self.engine_index]})"
-        if self.owner:
-            self.restart_engine(f"{cause}; its {self.engine_nnodes} nodes restart it together")
-        elif self.node_engine is not None:
-            print(
-                f"[rollout] engine {self.engine_index} node {self.node_rank} {cause}; its share restarts "
-                "with the engine",
-                flush=True,
-            )
-            with contextlib.suppress(Exception):  # whatever survived of it
-                sglang_engine.shutdown_engine(self.node_engine)
-            self.node_engine = self._start_engine()
-            self.engine_restarts += 1
 
     def needs_weights(self) -> bool:
         """Whether this rank's engine serves no complete weights until a sync: restarted since the last one,
@@ -464,14 +318,6 @@ class RolloutWorker:
         if self.owner:
             return engine_health.is_dead(self.engine) or not state_of(self.engine).fresh
         return self.node_engine is not None and engine_health.is_dead(self.node_engine)
-
-    def _dead_share_reason(self) -> str | None:
-        """Why this rank's engine, or its node's share of one, is dead (None: alive, or none here). Looks
-        at the processes now: a death since the monitor's last poll counts."""
-        engine = self.engine if self.owner else self.node_engine
-        if engine is None or not engine_health.check_now(engine):
-            return None
-        return engine_health.monitor_of(engine).dead_reason
 
     def load_weights(self, named_tensors) -> None:
         """Full HF-named tensors into the engine through SGLang's own loader (the fallback sync path)."""
@@ -512,62 +358,6 @@ class RolloutWorker:
         self.engine = self.node_engine = None
 
 
-def pack_samples(prompts, samples, base: int, routes_width: int | None = None) -> PackedBatch:
-    """[(sample id, RolloutSample)] of this engine's partition (group ids are base + prompt index) as the
-    batch that leaves the rollout: token ids, response mask and the engine's log-probs, one row per token
-    (entry t belongs to token t, as in the Megatron worker), and each sample's SampleInfo.
-    routes_width (MoE routing replay: layers x top_k): also `routed_experts`, int16 [tokens, routes_width],
-    the experts the engine routed each token to (the last token, never fed back, repeats its predecessor's
-    experts: its output feeds no log-prob)."""
-    ids, groups, tokens, masks, logprobs, infos = [], [], [], [], [], {}
-    routes = []
-    for sample_id, s in samples:
-        prompt = prompts[s.prompt_index]
-        seq = list(prompt.input_ids) + list(s.response_ids)
-        ids.append(sample_id)
-        groups.append(base + s.prompt_index)
-        tokens.append(torch.tensor(seq, dtype=torch.long))
-        mask = torch.zeros(len(seq), dtype=torch.float32)
-        # the policy's own tokens (multi-turn: not the environment's, which sit between its turns)
-        mask[len(prompt.input_ids) :] = (
-            1.0 if s.loss_mask is None else torch.tensor(s.loss_mask, dtype=torch.float32)
-        )
-        masks.append(mask)
-        lp = torch.zeros(len(seq), dtype=torch.float32)
-        lp[len(prompt.input_ids) :] = torch.tensor(s.logprobs, dtype=torch.float32)
-        logprobs.append(lp)
-        if routes_width is not None:
-            routes.append(_routes_of(s, len(seq), routes_width))
-        infos[sample_id] = SampleInfo(
-            len(prompt.input_ids),
-            list(s.response_ids),
-            s.finish_reason,
-            prompt.data_source,
-            prompt.ground_truth,
-            prompt.extra_info,
-            s.weight_version,
-            s.token_versions,
-            s.final_turn,
-            s.env,
-        )
-    fields = {"input_ids": tokens, "response_mask": masks, "rollout_logprobs": logprobs}
-    if routes_width is not None:
-        fields["routed_experts"] = routes
-    return PackedBatch.from_samples(ids, groups, fields, infos=infos)
-
-
-def _routes_of(sample, tokens: int, width: int) -> torch.Tensor:
-    routes = sample.routed_experts
-    if routes is None or routes.shape != (tokens - 1, width):
-        got = None if routes is None else tuple(routes.shape)
-        raise RuntimeError(
-            f"MoE routing replay: the engine returned routes of shape {got} for a sample of {tokens} tokens; "
-            f"expected ({tokens - 1}, {width}) (layers x top_k per token but the last)"
-        )
-    routes = torch.from_numpy(routes.astype(np.int16))
-    return torch.cat([routes, routes[-1:]]) if tokens > 1 else routes.new_zeros(1, width)
-
-
 def _per_prompt(engine_index: int, n: int, on_group):
     """on_chunk(chunk, samples) -> on_group(prompt_index, samples of that prompt), for this engine's own
     chunks (a stolen chunk's samples belong to another engine's partition)."""
@@ -597,12 +387,6 @@ def trajectory_prompts(prompts) -> list:
         )
         for p in prompts
     ]
-
-
-def routes_width(model_path) -> int:
-    """Routed-expert entries per token of a MoE model: its layers x the experts each token goes to."""
-    config = json.loads((Path(model_path) / "config.json").read_text())
-    return config["num_hidden_layers"] * config["num_experts_per_tok"]
 
 
 def engine_args(user_args: dict, weight_loaders=()) -> dict:

@@ -92,7 +92,7 @@ def main():
 
         def claim_then_die(board):
             claimed = claim(board)
-            if claimed is not None and worker.engine_restarts == 0 and not hasattr(board, "struck"):
+            if claimed is not None and worker.restarts.count == 0 and not hasattr(board, "struck"):
                 board.struck = True
                 for pid in worker.engine.get_all_child_pids():
                     os.kill(pid, signal.SIGKILL)
@@ -118,7 +118,7 @@ def main():
                 "steal_stats": steal_stats,
                 "died": died,
                 "after_restart": after,
-                "engine_restarts": worker.engine_restarts,
+                "engine_restarts": worker.restarts.count,
             }
         ),
         flush=True,

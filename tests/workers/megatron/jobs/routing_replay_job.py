@@ -93,7 +93,7 @@ def run_layout(model_dir, layout, samples):
     from distflow.config.schema import ActorConfig, ModelConfig
     from distflow.layout import ParallelLayout, Placement
     from distflow.workers.megatron.worker import MegatronWorker
-    from distflow.workers.rollout.worker import pack_samples, routes_width
+    from distflow.workers.rollout.sample_packing import pack_samples, routes_width
 
     sizes = {k: int(v) for k, v in (part.split("=") for part in layout.split(","))}
     parallel = ParallelLayout.for_world(2, **sizes)
