@@ -13,6 +13,7 @@ first weight sync) is left out of the measured median, as the simulator predicts
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -22,6 +23,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from statistics import NormalDist
 
 import bench_data_plane as bench  # tools/, beside this script
 import numpy as np
@@ -58,7 +60,8 @@ MAIN_JOB_MODEL = "outputs/tiny-qwen2-h128"
 MAIN_JOB_STEPS = 5  # step 1 (warm-up, first weight sync) left out; the median of steps 2-5 is measured
 # The copy task's lengths, by construction (tools/prepare_data.py copy --digits 4): a prompt is the chat
 # template around 4 digits, "user\n1234\nassistant\n" (~22 tokens of data.max_prompt_length 64), the
-# answer 4 digits + EOS (5 of rollout.max_new_tokens 8), nearly always.
+# answer 4 digits + EOS (5 of rollout.max_new_tokens 8) once the policy has learnt it. The calibration's
+# Megatron probe takes these; the step's prediction takes the run's own lengths (length_knobs).
 MAIN_JOB_KNOBS = Knobs(
     prompt_length_fraction=22 / 64, response_length_fraction=5 / 8, response_length_sigma=0.05
 )
@@ -264,6 +267,28 @@ def predict_main_job(profile) -> float:
     return simulate_step(cfg, arch, 2, profile, "multi")
 
 
+def length_knobs(steps: list[dict], knobs: Knobs) -> Knobs:
+    """The length knobs of the run's steps 2-5 (their medians): the mean response and prompt lengths over
+    their bounds, and the spread that puts the longest of a step's samples at the measured maximum (the
+    top quantile of a log-normal: the model draws a step's lengths at its quantiles). Lengths are the data's
+    and the policy's, not a timing: the step time stays a prediction."""
+    cfg = resolve(str(REPO / MAIN_JOB_CONFIG), [f"model.path={REPO / MAIN_JOB_MODEL}"])
+    steady = [s for s in steps if s.get("step", 0) > 1]
+
+    def median(key):
+        return statistics.median(s[key] for s in steady)
+
+    mean, longest = median("rollout/response_length/mean"), median("rollout/response_length/max")
+    samples = cfg.data.train_batch_size * cfg.rollout.n
+    top = NormalDist().inv_cdf((samples - 0.5) / samples)
+    return replace(
+        knobs,
+        response_length_fraction=mean / cfg.rollout.max_new_tokens,
+        response_length_sigma=max(0.0, math.log(longest / mean)) / top,
+        prompt_length_fraction=median("rollout/prompt_length/mean") / cfg.data.max_prompt_length,
+    )
+
+
 def measure_main_job() -> float:
     out_dir = REPO / "outputs" / "validate_simulator_main_job"
     subprocess.run(["rm", "-rf", str(out_dir)], check=True)
@@ -341,8 +366,16 @@ def main(argv=None):
                 measure_weight_sync(n, args.repeats),
             )
     if not args.skip_step:
-        predicted = predict_main_job(profile)
         measured, steps = measure_main_job()
+        # the data's lengths, as docs/scaling.md tells a user to set them: from the run's rollout metrics
+        knobs = length_knobs(steps, MAIN_JOB_KNOBS)
+        print(
+            f"  length knobs from the run: response_length_fraction={knobs.response_length_fraction:.3f} "
+            f"response_length_sigma={knobs.response_length_sigma:.3f} "
+            f"prompt_length_fraction={knobs.prompt_length_fraction:.3f}",
+            flush=True,
+        )
+        predicted = predict_main_job(load_profile(str(path), knobs))
         for phase, seconds in predicted.phases.items():
             print(f"  predicted {phase:<9} {seconds:7.3f} s", flush=True)
         steady = [s for s in steps if s.get("step", 0) > 1]

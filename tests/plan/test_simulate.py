@@ -16,7 +16,9 @@ from distflow.plan.simulate.best_time import median_seconds
 from distflow.plan.simulate.compute import forward_flops_per_token, pass_time, pipeline_bubble
 from distflow.plan.simulate.data_movement import Driver, Link, pipelined_sends
 from distflow.plan.simulate.generation import (
+    Admission,
     EngineCost,
+    chunks_in_flight,
     continuous_batching,
     decode_seconds,
     quantile_lengths,
@@ -161,6 +163,28 @@ def test_the_straggler_decides_the_decode():
     assert list(starts) == [0, 0, 1, 2]
 
 
+def test_a_chunk_enters_the_engine_when_a_claimed_one_has_ended():
+    lengths = np.array([3, 1, 1, 1])
+    # one chunk of 2 at a time: the second waits for the first's longest answer, slots or not
+    starts, ends = continuous_batching(lengths, slots=4, admission=Admission(2, 1))
+    assert list(starts) == [0, 0, 3, 3] and list(ends) == [3, 1, 4, 4]
+    # two in flight: both chunks from the start, as without chunks
+    starts, ends = continuous_batching(lengths, slots=4, admission=Admission(2, 2))
+    assert list(starts) == [0, 0, 0, 0]
+    # three chunks of 1, two in flight: the third is claimed when the shorter in-flight one ends
+    starts, _ = continuous_batching(np.array([3, 1, 1]), slots=4, admission=Admission(1, 2))
+    assert list(starts) == [0, 0, 1]
+
+
+def test_an_engine_claims_chunks_until_their_estimate_fills_the_budget():
+    # 262144 tokens of budget, chunks of 8 prompts x (300 + 8 x 3072) = 199008 tokens: the first claim
+    # leaves 63136 under the budget, so a second is claimed; one at a time where samples depend on the batch
+    assert chunks_in_flight(262144, 8 * (300 + 8 * 3072), one_at_a_time=False) == 2
+    assert chunks_in_flight(262144, 8 * (300 + 8 * 3072), one_at_a_time=True) == 1
+    assert chunks_in_flight(1000, 100, one_at_a_time=False) == 10
+    assert chunks_in_flight(1000, 5000, one_at_a_time=False) == 1
+
+
 def test_quantile_lengths_follow_the_knobs():
     lengths = quantile_lengths(1001, 4096, 0.25, 0.7)
     assert np.median(lengths) == pytest.approx(1024, rel=0.01)
@@ -224,6 +248,13 @@ def test_engines_that_generate_share_the_cores():
     assert [engine_contention(profile(2, 1.0), n) for n in (1, 2, 4, 8)] == sorted(
         engine_contention(profile(2, 1.0), n) for n in (1, 2, 4, 8)
     )
+    # engines timed generating at once: their measured slowdown, at that count only
+    crowded = replace(
+        profile(2, 1.0),
+        measured={"engine": {"generating_cpu_cores": 1.0, "slowdown_by_engines": {"2": 1.14}}},
+    )
+    assert engine_contention(crowded, 2) == pytest.approx(1.14)
+    assert engine_contention(crowded, 4) == pytest.approx(2.0)  # not measured: the cores rule
 
 
 def test_a_cpu_job_never_releases_its_engines(arch, h100):
@@ -234,7 +265,10 @@ def test_a_cpu_job_never_releases_its_engines(arch, h100):
     def generate(device):
         cfg = resolve(
             str(REPO / "examples/configs/gpu_base.yaml"),
-            OVERRIDES + ["data.train_batch_size=128", "actor.mini_batch_size=64", f"trainer.device={device}"],
+            OVERRIDES
+            + ["data.train_batch_size=128", "actor.mini_batch_size=64", f"trainer.device={device}"]
+            # the engines take chunks one at a time either way (as on CPU), so only the release differs
+            + ["rollout.sglang.enable_custom_logit_processor=true"],
         )
         return simulate_step(cfg, arch, 8, calibrated, "multi", time_planning=False).phases["generate"]
 

@@ -34,6 +34,8 @@ from distflow.workers.rollout import shutdown_engine, start_engine, update_weigh
 from distflow.workers.rollout.sglang_engine import generate, release_memory, resume_memory
 
 MiB = 2**20
+# engines generating at once whose slowdown is measured: a CPU job's ranks each run one (2 on this machine)
+ENGINE_CROWD = (2,)
 P2P_BYTES = 32 * MiB
 
 
@@ -290,9 +292,55 @@ def measure_generating_engine_cores(engine, prompts: list, repeats: int = 3) -> 
     return statistics.median(cores() for _ in range(repeats))
 
 
+def _engine_crowd_worker(index: int, model_dir: str, batch: int, barrier, out, repeats: int):
+    engine = start_engine(model_dir, tp=1, seed=index)
+    try:
+        prompts = [[1, 2, 3, 4, 5, 6, 7, 8]] * batch
+
+        def call():
+            generate(engine, prompts, max_new_tokens=9, stop_token_ids=[], temperature=1.0, seed=index)
+
+        call()  # warm-up
+        barrier.wait()
+        alone = median_seconds(call, repeats=repeats) if index == 0 else None  # the others wait
+        barrier.wait()
+        together = []
+        for _ in range(repeats):
+            barrier.wait()  # every engine's call starts at once
+            start = time.perf_counter()
+            call()
+            together.append(time.perf_counter() - start)
+        out.put((index, alone, statistics.median(together)))
+        barrier.wait()
+    finally:
+        shutdown_engine(engine)
+
+
+def measure_engines_at_once(model_dir: str, counts=ENGINE_CROWD, batch: int = 64, repeats: int = 5) -> dict:
+    """How much slower an engine generates while `n` engines generate at once on this host, each in its own
+    process as the job's ranks run theirs: {str(n): (median time of a call with n at once) / (alone)}. On a
+    CPU host they share the cores, their memory bandwidth and caches, which generating_cpu_cores alone
+    does not tell (the main job's two engines: 1.14 measured against 1.04 from the cores they keep busy)."""
+    ctx = mp.get_context("spawn")
+    results = {}
+    for n in counts:
+        barrier, out = ctx.Barrier(n), ctx.Queue()
+        procs = [
+            ctx.Process(target=_engine_crowd_worker, args=(i, model_dir, batch, barrier, out, repeats))
+            for i in range(n)
+        ]
+        for p in procs:
+            p.start()
+        rows = sorted(out.get(timeout=600) for _ in procs)
+        for p in procs:
+            p.join(120)
+        results[str(n)] = statistics.mean(t for _, _, t in rows) / rows[0][1]
+    return results
+
+
 def measure_engine(model_dir: str, batch: int = 64) -> dict:
     """One SGLang engine (TP 1) on the model: a decode iteration's cost at batch 1 and `batch` (from
-    max_new_tokens 9 vs 1, EOS ignored), each request's own cost, a weight update of all and of half the
+    max_new_tokens 9 vs 1, EOS ignored, seeded requests), each request's own cost, a weight update of all and of half the
     tensors (a fixed cost and one per tensor), a release +
     resume of the engine's memory (what a colocated engine does every step with
     rollout.release_memory_in_training), and the CPU cores the released, idle engine keeps busy."""
@@ -300,10 +348,12 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
     try:
         prompt = [[1, 2, 3, 4, 5, 6, 7, 8]]
 
+        # Seeded, as every training rollout is (RolloutWorker.sampling_seed): on engines that sample
+        # through seeded_sampling's stand-in (CPU) each iteration also runs its processor.
         def run(b, tokens):
             return median_seconds(
                 lambda: generate(
-                    engine, prompt * b, max_new_tokens=tokens, stop_token_ids=[], temperature=1.0
+                    engine, prompt * b, max_new_tokens=tokens, stop_token_ids=[], temperature=1.0, seed=1
                 ),
                 repeats=3,
             )
@@ -468,6 +518,7 @@ def calibrate(
     }
     if model_dir:
         profile["measured"]["engine"] = measure_engine(model_dir)
+        profile["measured"]["engine"]["slowdown_by_engines"] = measure_engines_at_once(model_dir)
         if config_args and cfg is not None:
             profile["measured"]["megatron"] = measure_megatron(config_args, cfg, knobs)
         profile["measured"]["model_dir"] = str(model_dir)

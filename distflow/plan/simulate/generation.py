@@ -7,6 +7,14 @@ iteration reads the engine GPU's weights once and every active sequence's KV cac
 its FLOPs, whichever is slower (a roofline), plus a fixed per-iteration cost and, with engine TP > 1, two
 TP all-reduces per layer. So the last long responses cost whole iterations for a handful of sequences:
 the tail. The step waits for the slowest engine, each engine drawing its own lengths.
+
+With several engines the rollout worker does not hand its engine the whole partition: it claims chunks of
+rollout.balance_chunk_prompts prompt groups (workers/rollout/chunked_generation.py) while the claimed
+chunks' estimated tokens (prompt + n x max_new_tokens each) stay under rollout.balance_outstanding_tokens,
+and one at a time where seeded samples depend on their batch mates (the CPU engines). A chunk's samples
+enter the engine's queue when it is claimed, and its slot in the budget frees only when its last sample
+ends: so an engine runs at most `chunks_in_flight` chunks' samples at once, and each chunk waits for its
+longest response before the next is claimed (`Admission`).
 """
 
 import heapq
@@ -39,9 +47,10 @@ class EngineCost:
 
 
 def response_lengths(rng, count: int, max_new_tokens: int, fraction: float, sigma: float) -> np.ndarray:
-    """Log-normal lengths with median fraction x max_new_tokens, clipped to [1, max_new_tokens]."""
+    """Log-normal lengths with median fraction x max_new_tokens, clipped to [1, max_new_tokens], rounded to
+    whole tokens (truncating would shorten them by half a token on average: a tenth of a 5-token answer)."""
     median = max(1.0, fraction * max_new_tokens)
-    return np.clip(rng.lognormal(math.log(median), sigma, count), 1, max_new_tokens).astype(np.int64)
+    return np.rint(np.clip(rng.lognormal(math.log(median), sigma, count), 1, max_new_tokens)).astype(np.int64)
 
 
 def quantile_lengths(count: int, max_new_tokens: int, fraction: float, sigma: float) -> np.ndarray:
@@ -50,26 +59,56 @@ def quantile_lengths(count: int, max_new_tokens: int, fraction: float, sigma: fl
     median = max(1.0, fraction * max_new_tokens)
     q = (np.arange(count) + 0.5) / count
     normal = np.array([NormalDist().inv_cdf(x) for x in q])
-    return np.clip(median * np.exp(sigma * normal), 1, max_new_tokens).astype(np.int64)
+    return np.rint(np.clip(median * np.exp(sigma * normal), 1, max_new_tokens)).astype(np.int64)
 
 
-def continuous_batching(lengths: np.ndarray, slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """FCFS over `slots`: start and end iteration of each sample."""
+@dataclass(frozen=True)
+class Admission:
+    """How samples reach an engine: all at once (chunk_samples None), or in chunks of `chunk_samples`
+    consecutive samples with at most `chunks_in_flight` of them claimed and unfinished."""
+
+    chunk_samples: int | None = None
+    chunks_in_flight: int = 1
+
+
+def chunks_in_flight(budget_tokens: int, chunk_est_tokens: float, one_at_a_time: bool) -> int:
+    """Chunks an engine holds at once: it claims while the claimed chunks' estimated tokens are under the
+    budget, and always at least one (chunked_generation.generate_claimed_chunks)."""
+    if one_at_a_time or chunk_est_tokens <= 0:
+        return 1
+    return max(1, math.ceil(budget_tokens / chunk_est_tokens))
+
+
+def continuous_batching(
+    lengths: np.ndarray, slots: int, admission: Admission = Admission()
+) -> tuple[np.ndarray, np.ndarray]:
+    """FCFS over `slots`: start and end iteration of each sample. Under chunked admission a chunk's samples
+    queue when it is claimed, at the iteration the earliest-finishing claimed chunk ended."""
     starts, ends = np.zeros(len(lengths), np.int64), np.zeros(len(lengths), np.int64)
     free = [0] * min(slots, len(lengths))
     heapq.heapify(free)
-    for i, length in enumerate(lengths):
-        t = heapq.heappop(free)
-        starts[i], ends[i] = t, t + int(length)
-        heapq.heappush(free, t + int(length))
+    size = admission.chunk_samples or max(1, len(lengths))
+    claimed = [0] * admission.chunks_in_flight  # iterations at which the chunks in flight end
+    heapq.heapify(claimed)
+    for first in range(0, len(lengths), size):
+        queued = heapq.heappop(claimed)  # the chunk is claimed when one in flight has ended
+        chunk_end = queued
+        for i in range(first, min(first + size, len(lengths))):
+            t = max(heapq.heappop(free), queued)
+            starts[i], ends[i] = t, t + int(lengths[i])
+            heapq.heappush(free, t + int(lengths[i]))
+            chunk_end = max(chunk_end, ends[i])
+        heapq.heappush(claimed, chunk_end)
     return starts, ends
 
 
-def decode_seconds(lengths: np.ndarray, slots: int, prompt_len: float, cost: EngineCost) -> tuple[float, int]:
-    """Seconds of the decode iterations and their number (the longest slot's tokens)."""
+def decode_seconds(
+    lengths: np.ndarray, slots: int, prompt_len: float, cost: EngineCost, admission: Admission = Admission()
+) -> tuple[float, int]:
+    """Seconds of the decode iterations and their number (the last sample's end)."""
     if not len(lengths):
         return 0.0, 0
-    starts, ends = continuous_batching(lengths, slots)
+    starts, ends = continuous_batching(lengths, slots, admission)
     times = np.concatenate([starts, ends])
     delta = np.concatenate([np.ones(len(starts), np.int64), -np.ones(len(ends), np.int64)])
     order = np.lexsort((delta, times))
@@ -109,6 +148,7 @@ def generation_time(
     fraction: float,
     sigma: float,
     seed: int = 0,
+    admission: Admission = Admission(),
 ) -> GenerationTime:
     """The slowest of `engines` engines, each generating samples_per_engine responses."""
     rng = np.random.default_rng(seed)
@@ -116,7 +156,7 @@ def generation_time(
     # Engines are statistically alike: beyond a few hundred, more draws only sharpen the maximum.
     for _ in range(engines):
         lengths = response_lengths(rng, samples_per_engine, max_new_tokens, fraction, sigma)
-        decode, n_iter = decode_seconds(lengths, slots, prompt_len, cost)
+        decode, n_iter = decode_seconds(lengths, slots, prompt_len, cost, admission)
         iters.append(n_iter)
         tokens += int(lengths.sum())
         if decode >= worst[0]:

@@ -32,7 +32,13 @@ from distflow.plan.simulate.data_movement import (
     output_bytes,
     plan_edge,
 )
-from distflow.plan.simulate.generation import EngineCost, generation_time, quantile_lengths
+from distflow.plan.simulate.generation import (
+    Admission,
+    EngineCost,
+    chunks_in_flight,
+    generation_time,
+    quantile_lengths,
+)
 from distflow.plan.simulate.hardware_profile import Profile
 from distflow.plan.simulate.weight_sync import weight_sync_seconds
 
@@ -156,6 +162,7 @@ def simulate_step(
         k.response_length_fraction,
         k.response_length_sigma,
         seed=k.seed,
+        admission=admission_of(cfg, p.num_engines, prompt_len),
     )
     engines_on_host = max(1, min(len(p.rollout_ranks), per_node) // p.engine_tp)
     out.phases["generate"] = gen.seconds * engine_contention(profile, engines_on_host)
@@ -289,6 +296,24 @@ def simulate_step(
     return out
 
 
+def admission_of(cfg, engines: int, prompt_len: float) -> Admission:
+    """How the rollout worker feeds its engine: with several engines, balanced chunks of prompt groups
+    (workers/rollout/worker.py, _generate_chunks), one at a time where seeded samples depend on their
+    batch mates (seeded_sampling's stand-in: CPU engines, or a GPU engine started with
+    enable_custom_logit_processor and without enable_deterministic_inference); one engine gets the whole
+    batch."""
+    r = cfg.rollout
+    if engines < 2:
+        return Admission()
+    stand_in = cfg.trainer.device == "cpu" or r.sglang.get("enable_custom_logit_processor", False)
+    one_at_a_time = stand_in and not r.sglang.get("enable_deterministic_inference", False)
+    est = r.balance_chunk_prompts * (prompt_len + r.n * r.max_new_tokens)
+    return Admission(
+        chunk_samples=r.balance_chunk_prompts * r.n,
+        chunks_in_flight=chunks_in_flight(r.balance_outstanding_tokens, est, one_at_a_time),
+    )
+
+
 def cpu_contention(profile: Profile, trainers: int, engines: int, calibrated_with: int) -> float:
     """How much slower a CPU-bound Megatron pass runs in the job than where its cost was measured, on a
     host with fewer cores than busy processes (a CPU machine): the kernel shares the cores fairly, so N
@@ -312,7 +337,12 @@ def engine_contention(profile: Profile, engines: int) -> float:
     """How much slower each engine generates in the job than the one engine --calibrate timed alone, on a
     host with fewer cores than the engines' busy processes (a CPU machine): a generating engine keeps
     measured["engine"]["generating_cpu_cores"] busy (its scheduler, detokenizer and the owner's tokenizer
-    manager), and `engines` of them share the cores fairly. 1 without that measurement (GPU profiles)."""
+    manager), and `engines` of them share the cores fairly. Where --calibrate timed that many engines
+    generating at once (measured["engine"]["slowdown_by_engines"]), that slowdown: they also share the
+    memory bandwidth and caches. 1 without either measurement (GPU profiles)."""
+    measured = profile.measured.get("engine", {}).get("slowdown_by_engines", {}).get(str(engines))
+    if measured:
+        return max(1.0, measured)
     busy = profile.measured.get("engine", {}).get("generating_cpu_cores", 0.0)
     if not busy:
         return 1.0
