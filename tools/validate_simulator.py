@@ -7,8 +7,9 @@ step time at 2 ranks. Prints predicted vs measured and the error of each; the la
 
 Predictions use only the calibrated profile (python -m distflow.plan CONFIG --calibrate) and the planner's
 own data and reshard plans; nothing measured by a bench feeds its own prediction. The main job runs the
-same torchrun command as ci/quickstart.sh (without its setup step), 5 steps; its first step (warm-up,
-first weight sync) is left out of the measured median, as the simulator predicts a steady-state step.
+same torchrun command as ci/quickstart.sh (without its setup step), 8 steps; its first two (warm-up: the
+first weight sync, Megatron's first passes, the engines' first batches) are left out of the measured
+median, as the simulator predicts a steady-state step.
 """
 
 import argparse
@@ -57,7 +58,12 @@ REPO = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.25
 MAIN_JOB_CONFIG = "examples/configs/grpo_copy_cpu.yaml"
 MAIN_JOB_MODEL = "outputs/tiny-qwen2-h128"
-MAIN_JOB_STEPS = 5  # step 1 (warm-up, first weight sync) left out; the median of steps 2-5 is measured
+# Steps 1-2 are the job's warm-up, left out: step 1 pays the first weight sync and Megatron's first
+# passes (~1.1 s of training), and step 2's generation is ~2x the later ones (0.55-0.6 s against
+# 0.27-0.35 s in every run of 2026-12-05: the engines' first batches of the trained policy); the median
+# of steps 3-8 is the steady state the simulator predicts.
+MAIN_JOB_STEPS = 8
+MAIN_JOB_WARMUP_STEPS = 2
 # The copy task's lengths, by construction (tools/prepare_data.py copy --digits 4): a prompt is the chat
 # template around 4 digits, "user\n1234\nassistant\n" (~22 tokens of data.max_prompt_length 64), the
 # answer 4 digits + EOS (5 of rollout.max_new_tokens 8) once the policy has learnt it. The calibration's
@@ -113,7 +119,7 @@ def predict_data_plane(profile, ranks: int) -> tuple[float, float]:
     coordinator = multi_controller_seconds(plan, ranks, link, link, gather) + cpu
     # Baseline: what the bench's single_controller does (tools/bench_data_plane.py), not a Ray driver's
     # pickling (step.driver_of): every rank packs its shard with torch.cat (N ranks at once on the
-    # cores, a memcpy each); rank 0 receives the other N - 1 shards (a message each, gloo one way into
+    # cores, a memcpy each); rank 0 gathers the shards' sizes, then receives the other N - 1 shards (a message each, gloo one way into
     # one process), then unpacks, balances, selects and packs every consumer DP rank's share in its one
     # process (driver_shares: index copies of sample runs, slower than one memcpy, so timed here on the
     # bench's own shards, as the plan is), and sends each share to both TP ranks (a size and a payload
@@ -123,7 +129,10 @@ def predict_data_plane(profile, ranks: int) -> tuple[float, float]:
     received = payload * (ranks - 1) / ranks
     nic, latency = profile.driver_nic_bandwidth.value, profile.intra_latency.value
     own_pack = payload / ranks / (profile.memcpy_bandwidth.value * share)
-    gathered = received / nic + (ranks - 1) * latency
+    # before the shards: rank 0 gathers their sizes (dist.gather, timed by --calibrate with N processes)
+    crowd = crowd_measurement(profile, ranks) or {}
+    sizes = crowd.get("gather_s", allgather_seconds(ranks, link, link, ranks, profile))
+    gathered = sizes + received / nic + (ranks - 1) * latency
     baseline = (
         own_pack + gathered + driver_pipeline(time_driver_shares(ranks, consumer), consumer, nic, latency)
     )
@@ -268,12 +277,12 @@ def predict_main_job(profile) -> float:
 
 
 def length_knobs(steps: list[dict], knobs: Knobs) -> Knobs:
-    """The length knobs of the run's steps 2-5 (their medians): the mean response and prompt lengths over
+    """The length knobs of the run's steady steps (their medians): the mean response and prompt lengths over
     their bounds, and the spread that puts the longest of a step's samples at the measured maximum (the
     top quantile of a log-normal: the model draws a step's lengths at its quantiles). Lengths are the data's
     and the policy's, not a timing: the step time stays a prediction."""
     cfg = resolve(str(REPO / MAIN_JOB_CONFIG), [f"model.path={REPO / MAIN_JOB_MODEL}"])
-    steady = [s for s in steps if s.get("step", 0) > 1]
+    steady = [s for s in steps if s.get("step", 0) > MAIN_JOB_WARMUP_STEPS]
 
     def median(key):
         return statistics.median(s[key] for s in steady)
@@ -315,7 +324,7 @@ def measure_main_job() -> float:
         json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
     ]
     return statistics.median(
-        s["timing_s/step"] for s in steps if s.get("step", 0) > 1 and "timing_s/step" in s
+        s["timing_s/step"] for s in steps if s.get("step", 0) > MAIN_JOB_WARMUP_STEPS and "timing_s/step" in s
     ), steps
 
 
@@ -378,10 +387,10 @@ def main(argv=None):
         predicted = predict_main_job(load_profile(str(path), knobs))
         for phase, seconds in predicted.phases.items():
             print(f"  predicted {phase:<9} {seconds:7.3f} s", flush=True)
-        steady = [s for s in steps if s.get("step", 0) > 1]
+        steady = [s for s in steps if s.get("step", 0) > MAIN_JOB_WARMUP_STEPS]
         keys = sorted({k for s in steady for k in s if k.startswith("timing_s/")})
         print(
-            "  measured  (median of steps 2-5) "
+            f"  measured  (median of steps {MAIN_JOB_WARMUP_STEPS + 1}-{MAIN_JOB_STEPS}) "
             + ", ".join(f"{k[9:]}={statistics.median(s[k] for s in steady if k in s):.3f}" for k in keys)
         )
         record("README main job, step time, 2 ranks", predicted.seconds, measured)

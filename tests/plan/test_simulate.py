@@ -30,6 +30,7 @@ from distflow.plan.simulate.step import (
     engine_contention,
     exchange_seconds,
     host_links,
+    reward_pool_seconds_per_sample,
     simulate_step,
 )
 from distflow.plan.simulate.weight_sync import weight_sync_seconds
@@ -293,6 +294,33 @@ def test_a_crowd_measurement_replaces_the_oversubscription_rule():
     assert allgather_seconds(16, intra, intra, 8, measured) == pytest.approx(
         7 * intra.latency + intra.latency
     )
+
+
+def test_a_rank_scores_at_the_pools_measured_rate_with_its_worker_count():
+    plain = replace(_cpu_profile(2, 0.0), knobs=Knobs(reward_workers_per_rank=2.0))
+    # not measured: the scorer's own time over the knob's workers
+    per_sample = plain.reward_seconds_per_sample.value
+    assert reward_pool_seconds_per_sample(plain, 1) == pytest.approx(per_sample / 2)
+    # measured through a pool of 1 worker: that rate, for that worker count only
+    measured = replace(
+        plain, measured={"reward": {"reward_pool_s_per_sample": 1.5e-4, "reward_pool_workers": 1}}
+    )
+    assert reward_pool_seconds_per_sample(measured, 1) == 1.5e-4
+    assert reward_pool_seconds_per_sample(measured, 4) == pytest.approx(per_sample / 2)
+
+
+def test_the_reward_phase_is_an_engines_samples_at_the_pool_rate(arch, h100):
+    # 128 prompts x 8 samples over 8 GPUs with engine TP 2: 4 engines, 32 prompts (256 samples) each
+    cfg = resolve(
+        str(REPO / "examples/configs/gpu_base.yaml"),
+        OVERRIDES + ["data.train_batch_size=128", "actor.mini_batch_size=64", "reward.num_workers=2"],
+    )
+    pooled = replace(h100, measured={"reward": {"reward_pool_s_per_sample": 1e-4, "reward_pool_workers": 2}})
+    multi = simulate_step(cfg, arch, 8, pooled, "multi", time_planning=False)
+    assert multi.phases["reward"] == pytest.approx(256 * 1e-4)
+    # the single controller scores all 1024 in its driver at the scorer's own rate
+    single = simulate_step(cfg, arch, 8, pooled, "single", time_planning=False)
+    assert single.phases["reward"] == pytest.approx(1024 * h100.reward_seconds_per_sample.value)
 
 
 # --- monotonicity ----------------------------------------------------------------------------------------

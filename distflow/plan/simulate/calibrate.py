@@ -28,6 +28,7 @@ from distflow.models.conversion import HFCheckpoint
 from distflow.plan.simulate import megatron_probe
 from distflow.plan.simulate.best_time import median_seconds
 from distflow.plan.simulate.hardware_profile import Knobs
+from distflow.rewards.pool import RewardPool, RewardSample
 from distflow.rewards.registry import load_scorer, scorer_path
 from distflow.testing.launch import torchrun
 from distflow.workers.rollout import shutdown_engine, start_engine, update_weights_from_tensors
@@ -71,6 +72,28 @@ def measure_scorer(cfg, samples: int = 2000) -> tuple[float, str]:
     for i, a in enumerate(answers):
         scorer(a, str(i % 89), data_source=source)
     return (time.perf_counter() - start) / samples, scorer.path
+
+
+def measure_reward_pool(cfg, samples: int = 256, repeats: int = 3) -> dict:
+    """Seconds per sample of a batch scored as a rank scores its samples: through a RewardPool with the
+    config's reward.num_workers worker processes (score_batch: a pipe message to a worker and one back per
+    sample, the workers' dispatch, the scorer itself), the median of `repeats` batches after a warm-up.
+    On a small scorer the messages cost far more than the scoring (the copy task: ~0.1 ms a sample against
+    ~3 us), and they run on the rank's own core."""
+    source = "DigitalLearningGmbH/MATH-lighteval" if cfg.reward.name == "auto" else ""  # as measure_scorer
+    pool = RewardPool.from_config(cfg.reward)
+    try:
+        batch = [
+            RewardSample(f"so the answer is \\boxed{{{i % 97}}}", str(i % 89), source, True)
+            for i in range(samples)
+        ]
+        return {
+            "reward_pool_s_per_sample": median_seconds(lambda: pool.score_batch(batch), repeats=repeats)
+            / samples,
+            "reward_pool_workers": cfg.reward.num_workers,
+        }
+    finally:
+        pool.close()
 
 
 def _gloo_worker(rank: int, init_file: str, out):
@@ -175,12 +198,15 @@ def _gloo_crowd_worker(rank: int, world: int, init_file: str, out):
     # the weight resharder's status exchange (RankErrors.exchange): an all_gather_object of (error, a few
     # numbers), i.e. pickling, an all-gather of sizes and one of the padded bytes
     statuses = [None] * world
+    size, sizes = torch.zeros(1, dtype=torch.long), [torch.zeros(1, dtype=torch.long) for _ in range(world)]
     status = (None, {"seconds": 0.1, "sent": 123456789, "group_sent": 0})
 
     results = {
         "allgather_s": timed(lambda: dist.all_gather(parts, slot), 20),
         "allgather_object_s": timed(lambda: dist.all_gather_object(statuses, status), 20),
         "barrier_s": timed(dist.barrier, 20),
+        # a gather of one number per rank into rank 0 (a single controller's gather of the shards' sizes)
+        "gather_s": timed(lambda: dist.gather(size, sizes if rank == 0 else None, dst=0), 20),
         "both_ways": piece * len(peers) / timed(exchange, 10),
     }
     if rank == 0:
@@ -191,7 +217,8 @@ def _gloo_crowd_worker(rank: int, world: int, init_file: str, out):
 def measure_gloo_crowd(ranks=CROWD_RANKS) -> dict:
     """{N: costs} of N gloo processes on this host at once (more processes than cores on a small machine):
     an all-gather of a 32 KiB slot per rank (the data plane's metadata all-gather), an all_gather_object
-    of a small status (the weight resharder's exchange), a barrier, and every process
+    of a small status (the weight resharder's exchange), a barrier, a gather of one number per rank into
+    rank 0, and every process
     sending 16 MiB spread over all the others while receiving as much (a redistribution's many-to-many
     pattern, all at once, into freshly allocated buffers): per process bytes/s each way.
     Measured rather than derived from the 2-process figures: with more processes than cores a collective
@@ -516,6 +543,8 @@ def calibrate(
         },
         "measured": {"allgather_latency_2_ranks": gloo["allgather_latency"], "gloo_by_ranks": crowd},
     }
+    if cfg is not None:
+        profile["measured"]["reward"] = measure_reward_pool(cfg)
     if model_dir:
         profile["measured"]["engine"] = measure_engine(model_dir)
         profile["measured"]["engine"]["slowdown_by_engines"] = measure_engines_at_once(model_dir)

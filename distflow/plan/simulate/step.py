@@ -3,7 +3,8 @@
 Built on the dry-run plan (report.build_plan: layouts, engine KV pool, weight-sync bytes) and the real
 data plan (data_movement.plan_edge). Phases add up (a lock-step step runs its DAG nodes in order):
   generate   the slowest engine's prefill + decode (generation.py)
-  reward     scoring every sample: on the engine owners, in parallel (multi); in the driver (single)
+  reward     scoring every sample: on the engine owners, in parallel, through each rank's reward pool
+             (multi); in the driver (single)
   logprob    forward passes of the actor / reference / critic nodes (compute.py)
   train      the update passes, with pipeline bubbles, TP and DP communication (compute.py)
   data       moving each DAG edge between layouts (data_movement.py)
@@ -174,7 +175,7 @@ def simulate_step(
     # --- reward ---------------------------------------------------------------------------------------
     per_sample = profile.reward_seconds_per_sample.value
     out.phases["reward"] = (
-        samples_per_engine * per_sample / k.reward_workers_per_rank
+        samples_per_engine * reward_pool_seconds_per_sample(profile, cfg.reward.num_workers)
         if controller == "multi"
         else out.samples * per_sample
     )
@@ -312,6 +313,17 @@ def admission_of(cfg, engines: int, prompt_len: float) -> Admission:
         chunk_samples=r.balance_chunk_prompts * r.n,
         chunks_in_flight=chunks_in_flight(r.balance_outstanding_tokens, est, one_at_a_time),
     )
+
+
+def reward_pool_seconds_per_sample(profile: Profile, num_workers: int) -> float:
+    """A sample's share of a rank's scoring (multi-controller: every rank scores its own samples in its
+    RewardPool): what --calibrate measured through a pool of that many workers (measured["reward"]: the
+    pipe messages to and from a worker cost more than a small scorer itself), else the scorer's own
+    time spread over knobs.reward_workers_per_rank workers."""
+    measured = profile.measured.get("reward", {})
+    if measured.get("reward_pool_workers") == num_workers:
+        return measured["reward_pool_s_per_sample"]
+    return profile.reward_seconds_per_sample.value / profile.knobs.reward_workers_per_rank
 
 
 def cpu_contention(profile: Profile, trainers: int, engines: int, calibrated_with: int) -> float:
