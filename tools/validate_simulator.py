@@ -64,6 +64,13 @@ MAIN_JOB_MODEL = "outputs/tiny-qwen2-h128"
 # of steps 3-8 is the steady state the simulator predicts.
 MAIN_JOB_STEPS = 8
 MAIN_JOB_WARMUP_STEPS = 2
+
+
+def steady_steps(steps: list[dict]) -> list[dict]:
+    """The run's metrics rows after its warm-up steps."""
+    return [s for s in steps if s.get("step", 0) > MAIN_JOB_WARMUP_STEPS]
+
+
 # The copy task's lengths, by construction (tools/prepare_data.py copy --digits 4): a prompt is the chat
 # template around 4 digits, "user\n1234\nassistant\n" (~22 tokens of data.max_prompt_length 64), the
 # answer 4 digits + EOS (5 of rollout.max_new_tokens 8) once the policy has learnt it. The calibration's
@@ -119,8 +126,8 @@ def predict_data_plane(profile, ranks: int) -> tuple[float, float]:
     coordinator = multi_controller_seconds(plan, ranks, link, link, gather) + cpu
     # Baseline: what the bench's single_controller does (tools/bench_data_plane.py), not a Ray driver's
     # pickling (step.driver_of): every rank packs its shard with torch.cat (N ranks at once on the
-    # cores, a memcpy each); rank 0 gathers the shards' sizes, then receives the other N - 1 shards (a message each, gloo one way into
-    # one process), then unpacks, balances, selects and packs every consumer DP rank's share in its one
+    # cores, a memcpy each); rank 0 gathers the shards' sizes, then receives the other N - 1 shards (a
+    # message each, gloo one way into one process), then unpacks, balances, selects and packs every consumer DP rank's share in its one
     # process (driver_shares: index copies of sample runs, slower than one memcpy, so timed here on the
     # bench's own shards, as the plan is), and sends each share to both TP ranks (a size and a payload
     # message each, gloo one way out of one process) while it makes the next (driver_pipeline). Whole
@@ -282,7 +289,7 @@ def length_knobs(steps: list[dict], knobs: Knobs) -> Knobs:
     top quantile of a log-normal: the model draws a step's lengths at its quantiles). Lengths are the data's
     and the policy's, not a timing: the step time stays a prediction."""
     cfg = resolve(str(REPO / MAIN_JOB_CONFIG), [f"model.path={REPO / MAIN_JOB_MODEL}"])
-    steady = [s for s in steps if s.get("step", 0) > MAIN_JOB_WARMUP_STEPS]
+    steady = steady_steps(steps)
 
     def median(key):
         return statistics.median(s[key] for s in steady)
@@ -323,9 +330,7 @@ def measure_main_job() -> float:
     steps = [
         json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
     ]
-    return statistics.median(
-        s["timing_s/step"] for s in steps if s.get("step", 0) > MAIN_JOB_WARMUP_STEPS and "timing_s/step" in s
-    ), steps
+    return statistics.median(s["timing_s/step"] for s in steady_steps(steps) if "timing_s/step" in s), steps
 
 
 def main(argv=None):
@@ -387,7 +392,7 @@ def main(argv=None):
         predicted = predict_main_job(load_profile(str(path), knobs))
         for phase, seconds in predicted.phases.items():
             print(f"  predicted {phase:<9} {seconds:7.3f} s", flush=True)
-        steady = [s for s in steps if s.get("step", 0) > MAIN_JOB_WARMUP_STEPS]
+        steady = steady_steps(steps)
         keys = sorted({k for s in steady for k in s if k.startswith("timing_s/")})
         print(
             f"  measured  (median of steps {MAIN_JOB_WARMUP_STEPS + 1}-{MAIN_JOB_STEPS}) "

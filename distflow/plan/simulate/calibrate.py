@@ -60,17 +60,24 @@ def measure_matmul_flops(n: int = 512) -> float:
     return 2 * n**3 / median_seconds(lambda: a @ b)
 
 
+def synthetic_answers(cfg, samples: int) -> tuple[str, list[tuple[str, str]]]:
+    """(data_source, [(answer, ground truth)]) for timing the config's scorer (reward.name; auto: the MATH
+    scorer's source)."""
+    name = cfg.reward.name if cfg is not None else "math"
+    source = "DigitalLearningGmbH/MATH-lighteval" if name == "auto" else ""
+    return source, [(f"so the answer is \\boxed{{{i % 97}}}", str(i % 89)) for i in range(samples)]
+
+
 def measure_scorer(cfg, samples: int = 2000) -> tuple[float, str]:
     """Seconds per sample of the config's scorer (reward.name; auto: the MATH scorer) on synthetic answers."""
     name = cfg.reward.name if cfg is not None else "math"
-    source = "DigitalLearningGmbH/MATH-lighteval" if name == "auto" else ""
+    source, answers = synthetic_answers(cfg, samples)
     scorer = load_scorer(
         scorer_path(name if name != "auto" else "auto", cfg.reward.custom if cfg else None, source)
     )
-    answers = [f"so the answer is \\boxed{{{i % 97}}}" for i in range(samples)]
     start = time.perf_counter()
-    for i, a in enumerate(answers):
-        scorer(a, str(i % 89), data_source=source)
+    for answer, truth in answers:
+        scorer(answer, truth, data_source=source)
     return (time.perf_counter() - start) / samples, scorer.path
 
 
@@ -80,13 +87,10 @@ def measure_reward_pool(cfg, samples: int = 256, repeats: int = 3) -> dict:
     sample, the workers' dispatch, the scorer itself), the median of `repeats` batches after a warm-up.
     On a small scorer the messages cost far more than the scoring (the copy task: ~0.1 ms a sample against
     ~3 us), and they run on the rank's own core."""
-    source = "DigitalLearningGmbH/MATH-lighteval" if cfg.reward.name == "auto" else ""  # as measure_scorer
+    source, answers = synthetic_answers(cfg, samples)
+    batch = [RewardSample(answer, truth, source, True) for answer, truth in answers]
     pool = RewardPool.from_config(cfg.reward)
     try:
-        batch = [
-            RewardSample(f"so the answer is \\boxed{{{i % 97}}}", str(i % 89), source, True)
-            for i in range(samples)
-        ]
         return {
             "reward_pool_s_per_sample": median_seconds(lambda: pool.score_batch(batch), repeats=repeats)
             / samples,
