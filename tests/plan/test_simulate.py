@@ -99,6 +99,20 @@ def test_a_resharder_exchange_is_the_measured_all_gather_object_or_two_all_gathe
         2, 0.0, {"8": {"allgather_s": 0.012, "allgather_object_s": 0.02, "both_ways": 3e8}}
     )
     assert exchange_seconds(8, intra, intra, 8, measured) == 0.02
+    # timed inside a chain too (from the last rank's arrival, as the resharder's ranks arrive): that one
+    chained = _cpu_profile(
+        2,
+        0.0,
+        {
+            "8": {
+                "allgather_s": 0.012,
+                "allgather_object_s": 0.02,
+                "allgather_object_chained_s": 0.015,
+                "both_ways": 3e8,
+            }
+        },
+    )
+    assert exchange_seconds(8, intra, intra, 8, chained) == 0.015
     # a calibration from before the measurement: two of its all-gathers
     older = _cpu_profile(2, 0.0, {"8": {"allgather_s": 0.012, "both_ways": 3e8}})
     assert exchange_seconds(8, intra, intra, 8, older) == pytest.approx(0.024)

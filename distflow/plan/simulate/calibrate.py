@@ -176,18 +176,26 @@ def _gloo_crowd_worker(rank: int, world: int, init_file: str, out):
     peers = [r for r in range(world) if r != rank]
     outs = {r: torch.ones(piece, dtype=torch.uint8) for r in peers}
 
-    def timed(fn, repeats: int) -> float:
-        """The median over repeats of the slowest rank's time, each repeat starting from a barrier."""
-        times = []
+    def timed(fn, repeats: int) -> tuple[float, float]:
+        """Medians over repeats, each starting from a barrier: (from the barrier to the last rank done, by
+        each rank's own clock: what a phase that starts a round costs, as the benches time a round; from
+        the last rank's entry to the last rank's exit: what a phase inside a chain adds, its ranks
+        arriving from work of their own). Ranks leave a barrier of N processes on fewer cores
+        milliseconds apart (3 ms at 8 here), which the first counts and the second does not.
+        perf_counter is CLOCK_MONOTONIC, one clock for every process of the host."""
+        rounds, chained = [], []
         for i in range(repeats + 1):
             dist.barrier()
             start = time.perf_counter()
             fn()
-            elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            end = time.perf_counter()
+            # [the slowest rank's own time, the last entry, the last exit]
+            marks = torch.tensor([end - start, start, end], dtype=torch.float64)
+            dist.all_reduce(marks, op=dist.ReduceOp.MAX)
             if i:  # the first is a warm-up
-                times.append(float(elapsed))
-        return statistics.median(times)
+                rounds.append(float(marks[0]))
+                chained.append(float(marks[2] - marks[1]))
+        return statistics.median(rounds), statistics.median(chained)
 
     def exchange():
         # received into buffers allocated for this exchange, as the data plane's Receiver preallocates each
@@ -205,13 +213,17 @@ def _gloo_crowd_worker(rank: int, world: int, init_file: str, out):
     size, sizes = torch.zeros(1, dtype=torch.long), [torch.zeros(1, dtype=torch.long) for _ in range(world)]
     status = (None, {"seconds": 0.1, "sent": 123456789, "group_sent": 0})
 
+    allgather_object = timed(lambda: dist.all_gather_object(statuses, status), 20)
+    barrier = timed(dist.barrier, 20)
     results = {
-        "allgather_s": timed(lambda: dist.all_gather(parts, slot), 20),
-        "allgather_object_s": timed(lambda: dist.all_gather_object(statuses, status), 20),
-        "barrier_s": timed(dist.barrier, 20),
+        "allgather_s": timed(lambda: dist.all_gather(parts, slot), 20)[0],
+        "allgather_object_s": allgather_object[0],
+        "allgather_object_chained_s": allgather_object[1],
+        "barrier_s": barrier[0],
+        "barrier_chained_s": barrier[1],
         # a gather of one number per rank into rank 0 (a single controller's gather of the shards' sizes)
-        "gather_s": timed(lambda: dist.gather(size, sizes if rank == 0 else None, dst=0), 20),
-        "both_ways": piece * len(peers) / timed(exchange, 10),
+        "gather_s": timed(lambda: dist.gather(size, sizes if rank == 0 else None, dst=0), 20)[0],
+        "both_ways": piece * len(peers) / timed(exchange, 10)[0],
     }
     if rank == 0:
         out.put(results)
@@ -224,7 +236,10 @@ def measure_gloo_crowd(ranks=CROWD_RANKS) -> dict:
     of a small status (the weight resharder's exchange), a barrier, a gather of one number per rank into
     rank 0, and every process
     sending 16 MiB spread over all the others while receiving as much (a redistribution's many-to-many
-    pattern, all at once, into freshly allocated buffers): per process bytes/s each way.
+    pattern, all at once, into freshly allocated buffers): per process bytes/s each way. Each timed as a
+    round's first phase (from a barrier); the all_gather_object and the barrier also inside a chain
+    (`*_chained_s`: from the last rank's arrival), as the weight resharder's exchanges and a bench's
+    closing barrier are.
     Measured rather than derived from the 2-process figures: with more processes than cores a collective
     waits for every process to be scheduled, hop after hop, which no per-message latency scaled by
     ranks / cores describes."""
@@ -369,6 +384,34 @@ def measure_engines_at_once(model_dir: str, counts=ENGINE_CROWD, batch: int = 64
     return results
 
 
+def vocab_size(model_dir: str) -> int:
+    return json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+
+
+def measure_prefill(
+    engine, vocab: int, prompts: int = 8, n: int = 8, length: int = 20, repeats: int = 5
+) -> float:
+    """Seconds per prompt token of a sample the engine spends on prompts it has not seen, as the rollout
+    sends them: `prompts` distinct random prompts of `length` tokens sampled `n` times each
+    (max_new_tokens 1), against the same call again, whose prompts the radix cache then holds. The decode
+    calibration repeats one prompt, so it never pays this; the job's prompts are new every step. Per
+    sample, not per prompt: on the CPU engine a prompt sampled 8 times costs 8 single prompts' prefill
+    (14 ms against 12.5 for 64 distinct prompts, 20 tokens each)."""
+    generator = torch.Generator().manual_seed(0)
+    fresh, cached = [], []
+    for _ in range(repeats + 1):  # the first pair warms up
+        batch = torch.randint(10, vocab, (prompts, length), generator=generator).tolist()
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            generate(engine, batch, n=n, max_new_tokens=1, stop_token_ids=[], temperature=1.0, seed=1)
+            times.append(time.perf_counter() - start)
+        fresh.append(times[0])
+        cached.append(times[1])
+    extra = statistics.median(fresh[1:]) - statistics.median(cached[1:])
+    return max(0.0, extra / (prompts * n * length))
+
+
 def measure_engine(model_dir: str, batch: int = 64) -> dict:
     """One SGLang engine (TP 1) on the model: a decode iteration's cost at batch 1 and `batch` (from
     max_new_tokens 9 vs 1, EOS ignored, seeded requests), each request's own cost, a weight update of all and of half the
@@ -390,6 +433,7 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
             )
 
         t = {(b, k): run(b, k) for b in (1, batch) for k in (1, 9)}
+        prefill = measure_prefill(engine, vocab_size(model_dir))
         generating_cores = measure_generating_engine_cores(engine, prompt * batch)
         per_iter = {b: (t[(b, 9)] - t[(b, 1)]) / 8 for b in (1, batch)}
         per_seq = max(0.0, (per_iter[batch] - per_iter[1]) / (batch - 1))
@@ -418,6 +462,7 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
     return {
         "decode_iteration_s_base": per_iter[1] - per_seq,
         "decode_iteration_s_per_seq": per_seq,
+        "prefill_s_per_token": prefill,
         "request_s": request,
         "engine_update_s": update,
         "engine_update_s_per_tensor": per_tensor,

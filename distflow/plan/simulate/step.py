@@ -381,10 +381,13 @@ def exchange_seconds(
 ) -> float:
     """One all_gather_object of a small status over `gpus` ranks (the weight resharder's exchange): an
     all-gather of sizes and one of the pickled bytes; on one host where --calibrate timed it with that many
-    processes (measured["gloo_by_ranks"][N]["allgather_object_s"]), that time."""
+    processes, that time: inside a chain, from the last rank's arrival (measured["gloo_by_ranks"][N]
+    ["allgather_object_chained_s"]), as the resharder's ranks arrive from their copies and the engine's
+    load; from a barrier in calibrations before that measurement."""
     crowd = crowd_measurement(profile, gpus) if profile is not None and gpus <= per_node else None
-    if crowd and "allgather_object_s" in crowd:
-        return crowd["allgather_object_s"]
+    for key in ("allgather_object_chained_s", "allgather_object_s"):
+        if crowd and key in crowd:
+            return crowd[key]
     return 2 * allgather_seconds(gpus, inter, intra, per_node, profile)
 
 
