@@ -240,8 +240,8 @@ def predict_weight_sync(profile, ranks: int, arch: ModelArch) -> float:
     # the bench times each sync from a barrier to a barrier after it (bench_weight_sync.timed): the one
     # after it is inside the time, its ranks arriving from the sync (chained)
     crowd = crowd_measurement(profile, ranks) or {}
-    closing = crowd.get("barrier_chained_s", crowd.get("barrier_s"))
-    return sync + (closing if closing is not None else allgather_seconds(ranks, link, link, ranks, profile))
+    closing = crowd.get("barrier_chained_s") or crowd.get("barrier_s")
+    return sync + (closing or allgather_seconds(ranks, link, link, ranks, profile))
 
 
 def measure_weight_sync(ranks: int, repeats: int) -> float:

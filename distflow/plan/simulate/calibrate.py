@@ -25,6 +25,7 @@ import torch.multiprocessing as mp
 
 from distflow.coordination.weights.staging import file_system_sharing
 from distflow.models.conversion import HFCheckpoint
+from distflow.plan.model_size import ModelArch
 from distflow.plan.simulate import megatron_probe
 from distflow.plan.simulate.best_time import median_seconds
 from distflow.plan.simulate.hardware_profile import Knobs
@@ -384,10 +385,6 @@ def measure_engines_at_once(model_dir: str, counts=ENGINE_CROWD, batch: int = 64
     return results
 
 
-def vocab_size(model_dir: str) -> int:
-    return json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
-
-
 def measure_prefill(
     engine, vocab: int, prompts: int = 8, n: int = 8, length: int = 20, repeats: int = 5
 ) -> float:
@@ -433,7 +430,7 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
             )
 
         t = {(b, k): run(b, k) for b in (1, batch) for k in (1, 9)}
-        prefill = measure_prefill(engine, vocab_size(model_dir))
+        prefill = measure_prefill(engine, ModelArch.from_json(model_dir).vocab_size)
         generating_cores = measure_generating_engine_cores(engine, prompt * batch)
         per_iter = {b: (t[(b, 9)] - t[(b, 1)]) / 8 for b in (1, batch)}
         per_seq = max(0.0, (per_iter[batch] - per_iter[1]) / (batch - 1))
