@@ -11,11 +11,15 @@ has the ratios: baseline time / coordinator time; busiest rank's traffic / (tota
 max/mean traffic (1.0 = spread evenly), and as a second view the busiest rank's larger direction (sent or
 received) / (batch bytes / N); and the imbalance. The coordinator's figures come first, the baseline's
 beside them. BENCH_TIMELINE=1 also prints each rank's transfer timeline (gathered, planned, posted,
-received, done, in ms).
+received, done, in ms), and rank 0's page faults in each baseline round. Its processes keep the memory
+they free (KEEP_FREED_MEMORY).
 """
 
 import argparse
+import ctypes
+import ctypes.util
 import os
+import resource
 import statistics
 import sys
 import time
@@ -31,6 +35,23 @@ from distflow.testing.launch import torchrun
 
 MiB = 2**20
 FIELDS = FieldPlacement.standard("input_ids", rollout_logprobs="all")
+# glibc's malloc, left to itself, hands large freed blocks back to the kernel (allocations above its mmap
+# threshold, at most 32 MiB, and a heap top above its trim threshold), so a round's tensors land on pages the
+# process must fault in again (about 2 us a 4 KiB page here) or on reused ones, as the previous rounds left
+# the heap. Measured (BENCH_TIMELINE): the baseline's rank 0 faulted 0 to 35 k pages a round at 4 and 8
+# ranks, and its rounds took 50 to 110 ms by that alone; at 2 ranks every round mapped its 39 MB share anew.
+# The bench's processes keep what they free, so every round after the warm-up runs on pages it already has,
+# for both methods alike.
+KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(2**30), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
+
+
+def keep_freed_memory():
+    """KEEP_FREED_MEMORY for this process, which has already started (tools/validate_simulator.py, timing the
+    bench's CPU work): glibc's mallopt. M_TRIM_THRESHOLD is -1 and M_MMAP_THRESHOLD -3 in malloc.h."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    for option in (-1, -3):
+        if not libc.mallopt(option, 2**30):
+            raise RuntimeError(f"glibc refused mallopt({option}, 2**30)")
 
 
 def main(argv=None):
@@ -55,7 +76,7 @@ def main(argv=None):
                 nproc=args.ranks,
                 args=rest,
                 timeout_s=args.timeout,
-                env={"OMP_NUM_THREADS": "1"},
+                env={"OMP_NUM_THREADS": "1", **KEEP_FREED_MEMORY},
             ),
             end="",
         )
@@ -140,6 +161,7 @@ def single_controller(batch: PackedBatch, consumer: PlacedLayout, stats: dict) -
     rank, world = dist.get_rank(), dist.get_world_size()
     t = stats.setdefault("timeline", {})
     t["started"] = time.monotonic()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     mine = _to_bytes(batch)
     t["packed"] = time.monotonic()
     size = torch.tensor([mine.numel()])
@@ -163,6 +185,7 @@ def single_controller(batch: PackedBatch, consumer: PlacedLayout, stats: dict) -
         for w in works:
             w.wait()
         t["sent"] = time.monotonic()
+        stats["page_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults  # first touches
         return result
     dist.send(mine, 0)
     stats["sent"] += mine.numel()
@@ -245,9 +268,11 @@ def worker(args):
         out = single_controller(batch, consumer, stats)
         if os.environ.get("BENCH_TIMELINE"):
             t = stats.pop("timeline")
+            faults = f" page_faults={stats.pop('page_faults')}" if "page_faults" in stats else ""
             print(
                 f"rank {rank} baseline "
-                + " ".join(f"{k}={1000 * (v - t['started']):.0f}ms" for k, v in t.items()),
+                + " ".join(f"{k}={1000 * (v - t['started']):.0f}ms" for k, v in t.items())
+                + faults,
                 flush=True,
             )
         return out

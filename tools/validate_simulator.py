@@ -109,6 +109,9 @@ def bench_lengths() -> np.ndarray:
 
 def predict_data_plane(profile, ranks: int) -> tuple[float, float]:
     """(coordinator, baseline) seconds for the bench's edge: rollout DP=N -> training DP=N/2 x TP=2."""
+    # The bench's processes keep the memory they free (bench.KEEP_FREED_MEMORY), so its rounds run on pages
+    # they already have; so does this process, which times their CPU work below.
+    bench.keep_freed_memory()
     placement = Placement.create("colocated", ranks, 1)
     producer = PlacedLayout.rollout(placement)
     consumer = PlacedLayout.training(ParallelLayout.for_world(ranks, tp=2), placement)
