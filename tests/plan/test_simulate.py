@@ -12,7 +12,7 @@ from distflow.config import resolve
 from distflow.plan.__main__ import main
 from distflow.plan.model_size import ModelArch
 from distflow.plan.reshard_estimate import ReshardEstimate
-from distflow.plan.simulate.best_time import median_seconds
+from distflow.plan.simulate.best_time import interleaved_median_seconds, median_seconds
 from distflow.plan.simulate.compute import forward_flops_per_token, pass_time, pipeline_bubble
 from distflow.plan.simulate.data_movement import Driver, Link, pipelined_sends
 from distflow.plan.simulate.generation import (
@@ -218,6 +218,28 @@ def test_timing_is_the_median_after_a_warm_up(monkeypatch):
 
     monkeypatch.setattr(best_time.time, "perf_counter", lambda: now[0])
     assert median_seconds(call, repeats=4) == pytest.approx((0.2 + 0.3) / 2)
+
+
+def test_calls_whose_difference_is_calibrated_are_timed_in_turn(monkeypatch):
+    from distflow.plan.simulate import best_time
+
+    # "short" takes 1 s and "long" 3 s, but the machine is twice as slow during the second round: timed in
+    # turn, the slow spell lands on both calls' second runs, and the medians of 3 keep the 2 s difference
+    order, now = [], [0.0]
+    base = {"short": 1.0, "long": 3.0}
+
+    def timed(key):
+        def call():
+            order.append(key)
+            second_round = len(order) in (5, 6)  # after the 2 warm-ups and the first round's 2 calls
+            now[0] += base[key] * (2.0 if second_round else 1.0)
+
+        return call
+
+    monkeypatch.setattr(best_time.time, "perf_counter", lambda: now[0])
+    medians = interleaved_median_seconds({"short": timed("short"), "long": timed("long")}, repeats=3)
+    assert order == ["short", "long"] + ["short", "long"] * 3  # one warm-up each, then round by round
+    assert medians == {"short": pytest.approx(1.0), "long": pytest.approx(3.0)}
 
 
 def _cpu_profile(cores=2, idle=1.0, crowd=None):

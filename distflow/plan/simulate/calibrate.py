@@ -27,7 +27,7 @@ from distflow.coordination.weights.staging import file_system_sharing
 from distflow.models.conversion import HFCheckpoint
 from distflow.plan.model_size import ModelArch
 from distflow.plan.simulate import megatron_probe
-from distflow.plan.simulate.best_time import median_seconds
+from distflow.plan.simulate.best_time import interleaved_median_seconds, median_seconds
 from distflow.plan.simulate.hardware_profile import Knobs
 from distflow.rewards.pool import RewardPool, RewardSample
 from distflow.rewards.registry import load_scorer, scorer_path
@@ -348,16 +348,20 @@ def _engine_crowd_worker(index: int, model_dir: str, batch: int, barrier, out, r
             generate(engine, prompts, max_new_tokens=9, stop_token_ids=[], temperature=1.0, seed=index)
 
         call()  # warm-up
-        barrier.wait()
-        alone = median_seconds(call, repeats=repeats) if index == 0 else None  # the others wait
-        barrier.wait()
-        together = []
+        # Rounds of engine 0 alone (the others wait) and then every engine at once, in turn: the slowdown is
+        # their ratio, and two blocks of runs gave 0.83-1.32 in five calibrations of one machine in an hour.
+        alone, together = [], []
         for _ in range(repeats):
+            barrier.wait()
+            if index == 0:
+                start = time.perf_counter()
+                call()
+                alone.append(time.perf_counter() - start)
             barrier.wait()  # every engine's call starts at once
             start = time.perf_counter()
             call()
             together.append(time.perf_counter() - start)
-        out.put((index, alone, statistics.median(together)))
+        out.put((index, statistics.median(alone) if alone else None, statistics.median(together)))
         barrier.wait()
     finally:
         shutdown_engine(engine)
@@ -421,15 +425,14 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
 
         # Seeded, as every training rollout is (RolloutWorker.sampling_seed): on engines that sample
         # through seeded_sampling's stand-in (CPU) each iteration also runs its processor.
-        def run(b, tokens):
-            return median_seconds(
-                lambda: generate(
-                    engine, prompt * b, max_new_tokens=tokens, stop_token_ids=[], temperature=1.0, seed=1
-                ),
-                repeats=3,
+        def call(b, tokens):
+            return lambda: generate(
+                engine, prompt * b, max_new_tokens=tokens, stop_token_ids=[], temperature=1.0, seed=1
             )
 
-        t = {(b, k): run(b, k) for b in (1, batch) for k in (1, 9)}
+        # the costs below are differences of these four: timed in turn (a median of 3 each, timed one
+        # after the other, gave 0.13-0.30 ms a sequence in five calibrations of one machine in an hour)
+        t = interleaved_median_seconds({(b, k): call(b, k) for b in (1, batch) for k in (1, 9)}, repeats=7)
         prefill = measure_prefill(engine, ModelArch.from_json(model_dir).vocab_size)
         generating_cores = measure_generating_engine_cores(engine, prompt * batch)
         per_iter = {b: (t[(b, 9)] - t[(b, 1)]) / 8 for b in (1, batch)}

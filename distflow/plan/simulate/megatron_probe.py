@@ -16,7 +16,7 @@ from distflow import distributed
 from distflow.config import resolve
 from distflow.config.__main__ import split_config_args
 from distflow.layout import ParallelLayout, Placement
-from distflow.plan.simulate.best_time import median_seconds
+from distflow.plan.simulate.best_time import interleaved_median_seconds
 from distflow.workers.megatron.worker import MegatronWorker
 
 
@@ -58,14 +58,22 @@ def main(argv=None):
     distributed.seed_everything(1)  # Megatron's model-parallel RNG states, as the trainer sets them
     worker = MegatronWorker("actor", cfg.actor, cfg.model, layout, "cpu", total_optimizer_steps=100)
     vocab = json.load(open(f"{cfg.model.path}/config.json"))["vocab_size"]
-    result = {}
-    for rows in (ns.rows, max(1, ns.rows // 2)):
-        batch = synthetic_batch(rows, ns.seq, vocab)
-        result[rows] = {
-            "forward_s": median_seconds(lambda: worker.compute_logprobs(batch)),
-            "train_s": median_seconds(lambda: worker.train_step(batch, policy_gradient_loss)),
+    batches = {rows: synthetic_batch(rows, ns.seq, vocab) for rows in (ns.rows, max(1, ns.rows // 2))}
+    # The calibration fits a fixed cost and one per token through the two sizes: their passes are timed in
+    # turn, so that a slow spell of the machine does not land on one size alone (and in the slope).
+    calls = {}
+    for rows, batch in batches.items():
+        calls[rows, "forward_s"] = lambda batch=batch: worker.compute_logprobs(batch)
+        calls[rows, "train_s"] = lambda batch=batch: worker.train_step(batch, policy_gradient_loss)
+    seconds = interleaved_median_seconds(calls)
+    result = {
+        rows: {
+            "forward_s": seconds[rows, "forward_s"],
+            "train_s": seconds[rows, "train_s"],
             "tokens": rows * ns.seq,
         }
+        for rows in batches
+    }
     if env.rank == 0:
         with open(ns.out, "w") as f:
             json.dump(result, f)
