@@ -4,13 +4,14 @@ baseline's rounds after the warm-up run on pages rank 0 already has instead of f
 
 import re
 import statistics
+import sys
 
 from distflow.testing.launch import REPO_ROOT, run
 
 
 def test_the_baseline_rounds_after_the_warm_up_touch_no_new_pages():
     out = run(
-        ["python", str(REPO_ROOT / "tools" / "bench_data_plane.py"), "--ranks", "2", "--repeats", "3"],
+        [sys.executable, str(REPO_ROOT / "tools" / "bench_data_plane.py"), "--ranks", "2", "--repeats", "3"],
         timeout_s=300,
         env={"BENCH_TIMELINE": "1"},
     )
