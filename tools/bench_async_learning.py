@@ -13,14 +13,11 @@ from k = 0 (the target: the last-5 reward within 0.05).
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-from distflow.models.tiny import make_tiny_model
-from distflow.testing.launch import REPO_ROOT, run, torchrun
+from main_job_inputs import DATA, MODEL, prepare_main_job_inputs  # tools/, beside this script
 
-MODEL = REPO_ROOT / "outputs" / "tiny-qwen2-h128"
-DATA = REPO_ROOT / "outputs" / "data" / "copy"
+from distflow.testing.launch import torchrun
 
 
 def main(argv=None) -> None:
@@ -30,7 +27,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="outputs/bench_async_learning", help="where the jobs write")
     args = parser.parse_args(argv)
     levels = sorted({0, *(int(k) for k in args.staleness.split(","))})
-    _prepare()
+    prepare_main_job_inputs()
     results = {}
     for k in levels:
         out = Path(args.out).resolve() / f"staleness_{k}"
@@ -84,18 +81,6 @@ def main(argv=None) -> None:
             if k
         )
     )
-
-
-def _prepare() -> None:
-    """The main job's model and data, as ci/quickstart.sh makes them."""
-    if not (MODEL / "model.safetensors").is_file():
-        make_tiny_model("qwen2", MODEL, vocab=300, hidden=128, ffn=512, heads=4, kv_heads=2)
-    if not (DATA / "train.parquet").is_file():
-        run(
-            [sys.executable, REPO_ROOT / "tools/prepare_data.py", "copy", "--out", DATA, "--digits", "4"]
-            + ["--train", "9000", "--test", "64", "--seed", "1"],
-            timeout_s=300,
-        )
 
 
 if __name__ == "__main__":
