@@ -13,7 +13,8 @@ barrier to the last rank done):
   gather-broadcast: every rank sends its whole shard to rank 0 (gloo), rank 0 rebuilds the full HF tensors
              and hands them to the engine, whose every rank receives the full model and shards it;
   memcpy: one process copying the bytes the engine ranks receive, from memory to memory.
-The last line has both ratios: gather-broadcast time / resharder time, resharder time / memcpy time.
+Below the resharder's time, where it went (SyncStats.phases: writing, exchanging, the engine's calls). The
+last line has both ratios: gather-broadcast time / resharder time, resharder time / memcpy time.
 """
 
 import argparse
@@ -118,7 +119,9 @@ def worker(args):
     resharder = WeightResharder(plan, local, engine=engine, transport=args.transport)
 
     results = {}
-    results["resharder"] = timed(resharder.sync, args.repeats)
+    syncs = []  # SyncStats of each round, the warm-up first
+    results["resharder"] = timed(lambda: syncs.append(resharder.sync()), args.repeats)
+    phases = {p: statistics.median(s.phases[p] for s in syncs[1:]) for p in syncs[-1].phases}
     if rank == 0:
         print(f"resharder done: {results['resharder']:.3f} s", flush=True)
     results["gather-broadcast"] = timed(
@@ -140,6 +143,12 @@ def worker(args):
         for name, seconds in results.items():
             rate = plan.total_bytes / seconds / 1e9
             print(f"BENCH {name:>16}: {seconds * 1e3:8.1f} ms  {rate:6.2f} GB/s", flush=True)
+            if name == "resharder":
+                print(
+                    "BENCH   its phases (median; the slowest rank in each): "
+                    + ", ".join(f"{p} {t * 1e3:.1f} ms" for p, t in phases.items()),
+                    flush=True,
+                )
         baseline, resharder, bound = results["gather-broadcast"], results["resharder"], results["memcpy"]
         print(
             f"BENCH ratios: gather-broadcast / resharder = {baseline / resharder:.2f}x, "

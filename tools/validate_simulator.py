@@ -27,13 +27,20 @@ from pathlib import Path
 from statistics import NormalDist
 
 import bench_data_plane as bench  # tools/, beside this script
+import bench_weight_sync  # tools/, beside this script
 import numpy as np
+import torch
 from main_job_inputs import MODEL, prepare_main_job_inputs  # tools/, beside this script
 
 from distflow.config import resolve
 from distflow.coordination.data.layouts import PlacedLayout
 from distflow.coordination.data.transport import Receiver, outgoing
+from distflow.coordination.weights import plan_weight_sync
+from distflow.coordination.weights.regions import narrow
+from distflow.coordination.weights.resharder import planned_writes
 from distflow.layout import ParallelLayout, Placement
+from distflow.models.conversion import HFCheckpoint
+from distflow.models.registry import spec_for
 from distflow.models.tiny import make_tiny_model
 from distflow.plan.model_size import ModelArch
 from distflow.plan.reshard_estimate import estimate_reshard
@@ -220,17 +227,24 @@ def measure_data_plane(ranks: int, repeats: int) -> tuple[float, float]:
 # --- weight sync ------------------------------------------------------------------------------------------
 
 
-def predict_weight_sync(profile, ranks: int, arch: ModelArch) -> float:
+def predict_weight_sync(profile, ranks: int, model_dir: Path) -> float:
     """The bench's resharder: tp x pp ranks write their slices into one engine (TP 1) over shared memory,
     fp32 on the wire (the bench's element_size=4), then the engine loads them."""
+    arch = ModelArch.from_json(str(model_dir))
     tp, pp = WS_LAYOUTS[ranks]
     reshard = estimate_reshard(arch, ParallelLayout.for_world(ranks, tp=tp, pp=pp), 1, 1, 64, 1.0)
     fp32 = replace(reshard, send_bytes=2 * reshard.send_bytes, recv_bytes=2 * reshard.recv_bytes)
-    # Every rank writes its slices into the engine's shared-memory staging buffer itself, all at once: a
-    # rank copies at its share of the cores, and the engine's buffer fills as fast as all cores copy.
-    memcpy, cores = profile.memcpy_bandwidth.value, profile.cores.value
-    copy = Link(memcpy * min(1.0, cores / ranks), profile.rpc_latency.value)
-    into_engine = Link(memcpy * min(cores, ranks), profile.rpc_latency.value)
+    # Every rank writes its slices into the engine's shared-memory staging buffer itself, all at once. The
+    # slices are row ranges of head groups and halves of rows, not one memcpy: each rank's writes are
+    # timed alone here (staging_write_seconds), and N ranks on C cores write no sooner than the busiest
+    # rank alone and than all ranks' writes spread over the cores (as the data plane's rank work). The
+    # links carry the busiest rank's bytes and the engine's in that time.
+    writes = staging_write_seconds(model_dir, ranks)
+    cores = profile.cores.value
+    seconds = max(max(writes), sum(writes) / min(ranks, cores))
+    copy = Link(fp32.send_bytes / seconds, profile.rpc_latency.value)
+    into_engine = Link(fp32.recv_bytes / seconds, profile.rpc_latency.value)
+    memcpy = profile.memcpy_bandwidth.value
     link, _ = host_links(profile, ranks)
     sync = weight_sync_seconds(
         fp32,
@@ -246,6 +260,39 @@ def predict_weight_sync(profile, ranks: int, arch: ModelArch) -> float:
     crowd = crowd_measurement(profile, ranks) or {}
     closing = crowd.get("barrier_chained_s") or crowd.get("barrier_s")
     return sync + (closing or allgather_seconds(ranks, link, link, ranks, profile))
+
+
+def staging_write_seconds(model_dir: Path, ranks: int, repeats: int = 7) -> list[float]:
+    """Each rank's writes of one sync into the engine's staging buffer (the bench's plan and Megatron shards:
+    resharder.planned_writes, SharedMemoryTransport.stage's copies), timed alone per rank in this process
+    into buffers of its own (the median of `repeats` after a warm-up)."""
+    checkpoint = HFCheckpoint(str(model_dir))
+    spec, cfg = spec_for(checkpoint.config), checkpoint.config
+    tp, pp = WS_LAYOUTS[ranks]
+    train = ParallelLayout.for_world(ranks, tp=tp, pp=pp)
+    placement = Placement(
+        kind="colocated", world_size=ranks, train_ranks=tuple(range(ranks)), rollout_ranks=(0,), engine_tp=1
+    )
+    plan = plan_weight_sync(spec, cfg, train, placement, bucket_bytes=64 * 2**20, element_size=4)
+    buffers = {
+        (b, e, r): torch.empty(sum(t.numel for t in plan.bucket_targets(b, e, r)))
+        for b in range(len(plan.buckets))
+        for e, engine_ranks in enumerate(plan.engines)
+        for r in range(len(engine_ranks))
+    }
+    out = []
+    for rank in range(ranks):
+        local = bench_weight_sync.local_shards(spec, checkpoint, train, rank)
+        writes, _ = planned_writes(plan, rank)
+
+        def write():
+            for b, items in writes.items():
+                for e, r, target, offset, piece in items:
+                    staged = buffers[(b, e, r)][offset : offset + target.numel].view(target.shape)
+                    narrow(staged, piece.dst).copy_(narrow(local[piece.src_name], piece.src))
+
+        out.append(median_seconds(write, repeats=repeats))
+    return out
 
 
 def measure_weight_sync(ranks: int, repeats: int) -> float:
@@ -378,13 +425,13 @@ def main(argv=None):
         record(f"data plane, single-controller, {n} ranks", p_baseline, baseline)
     if not args.skip_weight_sync:
         with tempfile.TemporaryDirectory() as tmp:
-            arch = ModelArch.from_json(str(make_tiny_model("qwen2", Path(tmp) / "m", **WS_MODEL)))
-        for n in ranks:
-            record(
-                f"weight sync (resharder), {n} ranks",
-                predict_weight_sync(profile, n, arch),
-                measure_weight_sync(n, args.repeats),
-            )
+            model_dir = make_tiny_model("qwen2", Path(tmp) / "m", **WS_MODEL)
+            for n in ranks:
+                record(
+                    f"weight sync (resharder), {n} ranks",
+                    predict_weight_sync(profile, n, model_dir),
+                    measure_weight_sync(n, args.repeats),
+                )
     if not args.skip_step:
         measured, steps = measure_main_job()
         # the data's lengths, as docs/scaling.md tells a user to set them: from the run's rollout metrics

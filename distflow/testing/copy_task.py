@@ -49,6 +49,7 @@ TIMED_METRICS = (
     "perf/",
     "sync/seconds",
     "sync/gbps",
+    "sync/phase_s/",
     "rollout/seconds",
     "rollout/stolen_groups",
     "rollout/engine_tokens_max_over_mean",

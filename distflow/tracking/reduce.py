@@ -40,7 +40,7 @@ REDUCTIONS: tuple[tuple[re.Pattern, Reduction], ...] = tuple(
         # The oldest weights behind any sample; the slowest rank's time is the step's time.
         (r"^rollout/weight_version$", MIN),
         (r"^rollout/trajectory_tokens_max_over_mean$", MAX),  # the most uneven engine's trajectories
-        (r"^(rollout|sync)/seconds$|^timing_s/", MAX),
+        (r"^(rollout|sync)/seconds$|^timing_s/|^sync/phase_s/", MAX),
         (r"^perf/(max_memory_\w+|cpu_memory_used)_gb$", MAX),  # the fullest rank is the one that runs out
         (
             r"^rollout/(tokens|samples|stale_dropped|engine_restarts|tool_errors|env_timeouts|env_errors)$"

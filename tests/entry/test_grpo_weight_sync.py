@@ -102,6 +102,10 @@ def test_resharded_weights_equal_the_actor_at_every_step(short_run):
         assert row["sync/version"] == step + 1, row
         assert row["sync/bytes"] > 0 and 0 < row["sync/busiest_rank_bytes"] < row["sync/bytes"], row
         assert row["sync/seconds"] > 0 and row["sync/gbps"] > 0, row
+        # where the time went: each phase on the rank slowest in it, within the slowest rank's whole sync
+        for phase in ("write", "exchange", "engine_begin", "engine_load", "engine_finish"):
+            assert 0 < row[f"sync/phase_s/{phase}"] <= row["sync/seconds"], (phase, row)
+        assert "sync/phase_s/deliver" not in row  # one node: nothing is sent over the group
     assert "weight sync (shards)" in log  # each engine rank received its own shards
     assert all(row["sync/buckets"] > 10 for row in rows), rows
     for engine in (0, 1):

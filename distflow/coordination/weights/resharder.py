@@ -23,6 +23,7 @@ import contextlib
 import logging
 import socket
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -62,6 +63,8 @@ class SyncStats:
     verified: bool = False
     group_bytes: int = 0
     """Bytes that travelled over the weight-update process group (group_transport), all senders together."""
+    phases: dict = field(default_factory=dict)
+    """Phase -> seconds the rank that spent longest in it spent (PHASES; the closing exchange is not in it)."""
 
     @property
     def gb_per_s(self) -> float:
@@ -76,7 +79,30 @@ class SyncStats:
             "sync/version": float(self.version),
             "sync/buckets": float(self.buckets),
             "sync/group_bytes": float(self.group_bytes),
+            **{f"sync/phase_s/{name}": seconds for name, seconds in self.phases.items()},
         }
+
+
+# Where a sync's time goes, per rank (SyncStats.phases): staging its pieces (write), the status exchanges after
+# each bucket and delivery (exchange: also the wait for the slowest rank), sending packed pieces to another
+# node (deliver), and on the engine owner the engine's calls (engine_begin, engine_load, engine_finish: also the
+# verification). The first sync's set-up (staging buffers and their handles) is not among them.
+PHASES = ("write", "exchange", "deliver", "engine_begin", "engine_load", "engine_finish")
+
+
+class _PhaseClock:
+    """Seconds per phase of one rank's sync: `with clock("write"): ...` adds the block's time."""
+
+    def __init__(self):
+        self.seconds = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        tic = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - tic
 
 
 class WeightResharder:
@@ -236,18 +262,26 @@ class WeightResharder:
                 errors.run(self.group_transport.set_hostnames, hostnames)
                 hosted = errors.run(lambda: self.staging.allocate(self._readers()))
                 errors.run(self.staging.open, errors.exchange(hosted), hostnames)
+            clock = _PhaseClock()
             for b in range(len(self.plan.buckets)):
-                shares, n = errors.run(self._write_bucket, b, default=(None, 0))
+                with clock("write"):
+                    shares, n = errors.run(self._write_bucket, b, default=(None, 0))
+                    handles = errors.run(self.staging.hosted_handles, b)
                 sent += n
-                handles = errors.run(self.staging.hosted_handles, b)
                 self._bucket_handles = {}
-                for status, hosted in errors.exchange((shares, handles)):
+                with clock("exchange"):
+                    exchanged = errors.exchange((shares, handles))
+                for status, hosted in exchanged:
                     for key, value in (status or {}).items():
                         expected.setdefault(key, []).append(value)
                     self._bucket_handles.update(hosted or {})
                 for transport in self._transports:
                     if transport.delivers(b):  # every rank staged its pieces: now they travel
-                        for status in errors.exchange(errors.run(transport.deliver, b)):
+                        with clock("deliver"):
+                            delivered = errors.run(transport.deliver, b)
+                        with clock("exchange"):
+                            exchanged = errors.exchange(delivered)
+                        for status in exchanged:
                             for key, value in (status or {}).items():
                                 expected.setdefault(key, []).append(value)
                 self._ready = True
@@ -255,15 +289,19 @@ class WeightResharder:
                     # The update begins once the first bucket is here (every rank has staged it): until then
                     # the engine goes on generating what it has in flight (partial rollouts).
                     if b == 0:
-                        errors.run(self._begin, version)
-                    errors.run(self._load_bucket, b)
+                        with clock("engine_begin"):
+                            errors.run(self._begin, version)
+                    with clock("engine_load"):
+                        errors.run(self._load_bucket, b)
             if self.engine is not None:
-                errors.run(self._finish, expected)
+                with clock("engine_finish"):
+                    errors.run(self._finish, expected)
             statuses = errors.exchange(
                 {
                     "seconds": time.perf_counter() - tic,
                     "sent": sent,
                     "group_sent": self.group_transport.sent_bytes - group_sent_before,
+                    "phases": dict(clock.seconds),
                 }
             )
         self.version = version
@@ -286,6 +324,11 @@ class WeightResharder:
             receiver_bytes=receivers,
             verified=self.verify,
             group_bytes=sum(s["group_sent"] for s in statuses),
+            phases={
+                phase: max(s["phases"].get(phase, 0.0) for s in statuses)
+                for phase in PHASES
+                if any(phase in s["phases"] for s in statuses)
+            },
         )
 
     def release_staging(self) -> None:
@@ -419,19 +462,7 @@ class WeightResharder:
 
     def _index_writes(self) -> dict:
         """bucket -> [(engine, rank, target, offset in the staging buffer, piece)] this rank writes."""
-        writes, zero = {}, {}
-        for b in range(len(self.plan.buckets)):
-            for e, ranks in enumerate(self.plan.engines):
-                for rp in ranks:
-                    offset = 0
-                    for target in self.plan.bucket_targets(b, e, rp.rank):
-                        if target.padding_rows and rp.host == self.rank:
-                            zero.setdefault(b, []).append((e, rp.rank, target, offset))
-                        for piece in target.pieces:
-                            if piece.src_rank == self.rank:
-                                writes.setdefault(b, []).append((e, rp.rank, target, offset, piece))
-                        offset += target.numel
-        self._zero_fills = zero
+        writes, self._zero_fills = planned_writes(self.plan, self.rank)
         return writes
 
     def _check_local_tensors(self):
@@ -479,3 +510,22 @@ def _check_engine_args(engine) -> None:
             f"the engine was started without the weight-sync loaders {missing}; start it with "
             "extra_args=distflow.coordination.weights.engine_side.engine_args()"
         )
+
+
+def planned_writes(plan: WeightSyncPlan, rank: int) -> tuple[dict, dict]:
+    """What `rank` does to the staging buffers in each sync: (bucket -> [(engine, engine rank, target, offset
+    in the staging buffer, piece)] it writes, bucket -> [(engine, engine rank, target, offset)] of the padded
+    targets it hosts and zeroes first)."""
+    writes, zero = {}, {}
+    for b in range(len(plan.buckets)):
+        for e, ranks in enumerate(plan.engines):
+            for rp in ranks:
+                offset = 0
+                for target in plan.bucket_targets(b, e, rp.rank):
+                    if target.padding_rows and rp.host == rank:
+                        zero.setdefault(b, []).append((e, rp.rank, target, offset))
+                    for piece in target.pieces:
+                        if piece.src_rank == rank:
+                            writes.setdefault(b, []).append((e, rp.rank, target, offset, piece))
+                    offset += target.numel
+    return writes, zero

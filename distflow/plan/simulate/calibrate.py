@@ -444,10 +444,14 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
             with file_system_sharing():
                 update_weights_from_tensors(engine, named)
 
-        update = median_seconds(lambda: update_with(tensors), repeats=5)
+        # a cost per tensor from all of them against half, timed in turn (timed in blocks of their own, a
+        # slow spell on one side made the difference 0 in some calibrations)
         half = tensors[: len(tensors) // 2]
-        update_half = median_seconds(lambda: update_with(half), repeats=5)
-        per_tensor = max(0.0, (update - update_half) / (len(tensors) - len(half)))
+        u = interleaved_median_seconds(
+            {"all": lambda: update_with(tensors), "half": lambda: update_with(half)}, repeats=9
+        )
+        update = u["all"]
+        per_tensor = max(0.0, (update - u["half"]) / (len(tensors) - len(half)))
 
         def release_resume():
             release_memory(engine)

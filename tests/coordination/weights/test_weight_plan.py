@@ -12,6 +12,7 @@ import torch
 from distflow.coordination.weights import plan as wplan
 from distflow.coordination.weights.megatron_names import global_name
 from distflow.coordination.weights.regions import narrow
+from distflow.coordination.weights.resharder import planned_writes
 from distflow.coordination.weights.sglang_layout import Dims, hf_tensor_shape, sglang_padded_vocab
 from distflow.layout import ParallelLayout, Placement
 from distflow.models import conversion, tp_sharding, weight_mapping
@@ -418,3 +419,38 @@ def test_unsupported_layouts_fail_clearly():
             Placement.create("colocated", 4, 4),
             bucket_bytes=1024,
         )
+
+
+def test_each_rank_writes_its_own_bytes_and_every_staged_element_is_written_once():
+    """resharder.planned_writes, what each rank copies into the staging buffers: its sender bytes, and over all
+    ranks every element of every bucket's targets exactly once, but the padding rows its host zeroes."""
+    spec, cfg = LLAMA, config("LlamaForCausalLM")
+    train = ParallelLayout.for_world(4, tp=2, pp=2)
+    plan = wplan.plan_weight_sync(
+        spec, cfg, train, Placement.create("colocated", 4, 2), bucket_bytes=4096, element_size=2
+    )
+    counts = {
+        (b, e, r): torch.zeros(sum(t.numel for t in plan.bucket_targets(b, e, r)), dtype=torch.int32)
+        for b in range(len(plan.buckets))
+        for e, ranks in enumerate(plan.engines)
+        for r in range(len(ranks))
+    }
+    padded = 0
+    for rank in range(4):
+        writes, zero_fills = planned_writes(plan, rank)
+        written = sum(piece.numel * 2 for items in writes.values() for *_, piece in items)
+        assert written == plan.sender_bytes().get(rank, 0), rank
+        for b, items in writes.items():
+            for e, r, target, offset, piece in items:
+                staged = counts[(b, e, r)][offset : offset + target.numel].view(target.shape)
+                narrow(staged, piece.dst).add_(1)
+        for b, fills in zero_fills.items():
+            for e, r, target, offset in fills:
+                start, rows = target.padding_rows
+                row = target.numel // target.shape[0]
+                counts[(b, e, r)][offset + start * row : offset + (start + rows) * row] -= 1
+                padded += rows * row
+    assert padded > 0  # the vocabulary's padding rows (test_buckets_respect_the_bound_...)
+    for key, count in counts.items():  # 1: written once; -1: a padding element, zeroed and never written
+        assert set(count.unique().tolist()) <= {1, -1}, (key, count.unique())
+    assert sum(int((count == -1).sum()) for count in counts.values()) == padded

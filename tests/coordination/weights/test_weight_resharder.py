@@ -107,6 +107,7 @@ def check_bytes(result):
         "sync/version",
         "sync/buckets",
         "sync/group_bytes",
+        *(f"sync/phase_s/{p}" for p in ("write", "exchange", "engine_begin", "engine_load", "engine_finish")),
     }
     assert sync["metrics"]["sync/group_bytes"] == 0  # one node, colocated: shared memory only
 
