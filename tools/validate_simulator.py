@@ -55,6 +55,7 @@ from distflow.plan.simulate.data_movement import (
 from distflow.plan.simulate.hardware_profile import Knobs, load_profile
 from distflow.plan.simulate.step import (
     allgather_seconds,
+    copies_at_once,
     crowd_measurement,
     exchange_seconds,
     host_links,
@@ -125,15 +126,17 @@ def predict_data_plane(profile, ranks: int) -> tuple[float, float]:
     consumer = PlacedLayout.training(ParallelLayout.for_world(ranks, tp=2), placement)
     lengths = bench_lengths()
     plan, planning_s = plan_edge(producer, consumer, lengths, DP_SAMPLES, DP_FIELDS)
-    share = min(1.0, profile.cores.value / ranks)  # N processes on the host's cores
+    # N processes on the host's cores, whose copies share the memory bandwidth (copies_at_once)
+    parallel = copies_at_once(profile)
+    share = min(1.0, parallel / ranks)
     link, _ = host_links(profile, ranks)
     gather = allgather_seconds(ranks, link, link, ranks, profile)
     # Each rank's own CPU work besides the messages (sorting its batch, the plan, packing what it sends,
     # placing what it keeps and receives), timed here alone per rank. N ranks on C cores: the kernel
     # shares the cores, so the work ends no sooner than the busiest rank's own and than all ranks' work
-    # spread over the cores; the messages then cross the shared link.
+    # spread over the copies the host runs at once (mostly copies); the messages then cross the shared link.
     work = rank_work_seconds(plan, planning_s, ranks)
-    cpu = max(max(work), sum(work) / min(ranks, profile.cores.value))
+    cpu = max(max(work), sum(work) / min(ranks, parallel))
     coordinator = multi_controller_seconds(plan, ranks, link, link, gather) + cpu
     # Baseline: what the bench's single_controller does (tools/bench_data_plane.py), not a Ray driver's
     # pickling (step.driver_of): every rank packs its shard with torch.cat (N ranks at once on the
@@ -237,11 +240,10 @@ def predict_weight_sync(profile, ranks: int, model_dir: Path) -> float:
     # Every rank writes its slices into the engine's shared-memory staging buffer itself, all at once. The
     # slices are row ranges of head groups and halves of rows, not one memcpy: each rank's writes are
     # timed alone here (staging_write_seconds), and N ranks on C cores write no sooner than the busiest
-    # rank alone and than all ranks' writes spread over the cores (as the data plane's rank work). The
-    # links carry the busiest rank's bytes and the engine's in that time.
+    # rank alone and than all ranks' writes spread over the copies the host runs at once (copies_at_once,
+    # as the data plane's rank work). The links carry the busiest rank's bytes and the engine's in that time.
     writes = staging_write_seconds(model_dir, ranks)
-    cores = profile.cores.value
-    seconds = max(max(writes), sum(writes) / min(ranks, cores))
+    seconds = max(max(writes), sum(writes) / min(ranks, copies_at_once(profile)))
     copy = Link(fp32.send_bytes / seconds, profile.rpc_latency.value)
     into_engine = Link(fp32.recv_bytes / seconds, profile.rpc_latency.value)
     memcpy = profile.memcpy_bandwidth.value

@@ -259,6 +259,43 @@ def measure_gloo_crowd(ranks=CROWD_RANKS) -> dict:
     return results
 
 
+def _copy_at_once_worker(index: int, barrier, out, nbytes: int, repeats: int):
+    torch.set_num_threads(1)
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = {"alone": [], "at once": []}
+    for _ in range(repeats):
+        for mode in times:  # in turn, so a slow spell of the machine lands on both
+            barrier.wait()
+            if index == 0 or mode == "at once":
+                start = time.perf_counter()
+                dst.copy_(src)
+                times[mode].append(time.perf_counter() - start)
+    out.put({mode: statistics.median(t) for mode, t in times.items() if t})
+
+
+def measure_copies_at_once(processes: int, nbytes: int = 64 * MiB, repeats: int = 9) -> float:
+    """How many copies' worth of memory bandwidth `processes` processes copying at once get: processes x
+    a 64 MiB copy's time alone / its time (the median over the processes) with all of them copying at once,
+    one thread each. Cores that share the memory bandwidth give less than their number (1.6 for 2 cores
+    here, where the same processes' matmuls give 2.0): the CPU work of N ranks that is mostly copies
+    (packing and placing samples, writing weights) runs that much at once, not `cores`."""
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(processes), ctx.Queue()
+    procs = [
+        ctx.Process(target=_copy_at_once_worker, args=(i, barrier, out, nbytes, repeats))
+        for i in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(60)
+    alone = next(r["alone"] for r in results if "alone" in r)
+    return processes * alone / statistics.median(r["at once"] for r in results)
+
+
 def _mapped_copy_worker(queue, out, nbytes: int, repeats: int):
     mp.set_sharing_strategy("file_system")
     dst = torch.empty(nbytes // 4)
@@ -594,7 +631,11 @@ def calibrate(
             "prefill_mfu": 1.0,
             "decode_bandwidth_efficiency": 1.0,
         },
-        "measured": {"allgather_latency_2_ranks": gloo["allgather_latency"], "gloo_by_ranks": crowd},
+        "measured": {
+            "allgather_latency_2_ranks": gloo["allgather_latency"],
+            "gloo_by_ranks": crowd,
+            "copies_at_once": measure_copies_at_once(cores),
+        },
     }
     if cfg is not None:
         profile["measured"]["reward"] = measure_reward_pool(cfg)

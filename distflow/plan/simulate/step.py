@@ -85,6 +85,13 @@ def crowd_measurement(profile: Profile, ranks_on_host: int) -> Optional[dict]:
     return profile.measured.get("gloo_by_ranks", {}).get(str(ranks_on_host))
 
 
+def copies_at_once(profile: Profile) -> float:
+    """How many processes copy memory at full speed at once on this host: what --calibrate measured with a
+    process per core copying (measured["copies_at_once"]: below the cores where they share the memory
+    bandwidth), else the cores."""
+    return profile.measured.get("copies_at_once", profile.cores.value)
+
+
 def engine_cost(arch: ModelArch, engine_tp: int, profile: Profile, spans_nodes: bool) -> EngineCost:
     """Roofline costs of one engine GPU (GPU profiles), or the measured ones (a calibrated profile)."""
     k, m = profile.knobs, profile.measured.get("engine")
