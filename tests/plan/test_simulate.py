@@ -12,7 +12,7 @@ from distflow.config import resolve
 from distflow.plan.__main__ import main
 from distflow.plan.model_size import ModelArch
 from distflow.plan.reshard_estimate import ReshardEstimate
-from distflow.plan.simulate.best_time import interleaved_median_seconds, median_seconds
+from distflow.plan.simulate.best_time import interleaved_median_seconds, median_of_launches, median_seconds
 from distflow.plan.simulate.compute import forward_flops_per_token, pass_time, pipeline_bubble
 from distflow.plan.simulate.data_movement import Driver, Link, pipelined_sends
 from distflow.plan.simulate.generation import (
@@ -240,6 +240,23 @@ def test_calls_whose_difference_is_calibrated_are_timed_in_turn(monkeypatch):
     medians = interleaved_median_seconds({"short": timed("short"), "long": timed("long")}, repeats=3)
     assert order == ["short", "long"] + ["short", "long"] * 3  # one warm-up each, then round by round
     assert medians == {"short": pytest.approx(1.0), "long": pytest.approx(3.0)}
+
+
+def test_a_launch_that_ran_slow_throughout_does_not_set_the_calibrated_figure():
+    # the second launch's processes were slow in every round (0.84 ms -> 3.11 ms, as one calibration saw):
+    # each number is the median of the launches', nested dicts (gloo_by_ranks) included
+    launches = iter(
+        [
+            {"latency": 50e-6, "by_ranks": {"2": {"allgather_object_chained_s": 0.84e-3}}},
+            {"latency": 40e-6, "by_ranks": {"2": {"allgather_object_chained_s": 3.11e-3}}},
+            {"latency": 60e-6, "by_ranks": {"2": {"allgather_object_chained_s": 0.90e-3}}},
+        ]
+    )
+    combined = median_of_launches(lambda: next(launches), launches=3)
+    assert combined == {
+        "latency": pytest.approx(50e-6),
+        "by_ranks": {"2": {"allgather_object_chained_s": 0.90e-3}},
+    }
 
 
 def _cpu_profile(cores=2, idle=1.0, crowd=None):

@@ -27,7 +27,7 @@ from distflow.coordination.weights.staging import file_system_sharing
 from distflow.models.conversion import HFCheckpoint
 from distflow.plan.model_size import ModelArch
 from distflow.plan.simulate import megatron_probe
-from distflow.plan.simulate.best_time import interleaved_median_seconds, median_seconds
+from distflow.plan.simulate.best_time import interleaved_median_seconds, median_of_launches, median_seconds
 from distflow.plan.simulate.hardware_profile import Knobs
 from distflow.rewards.pool import RewardPool, RewardSample
 from distflow.rewards.registry import load_scorer, scorer_path
@@ -161,6 +161,8 @@ def measure_gloo() -> dict:
 
 
 CROWD_RANKS = (2, 4, 8)
+# gloo's figures are each the median over this many launches of their processes (best_time.median_of_launches)
+GLOO_LAUNCHES = 3
 CROWD_SLOT_BYTES = 32 * 1024  # the data plane's metadata slot for a few thousand samples (gather.py)
 # A rank's share of the data-plane bench's batch (37 MiB over 2-8 ranks) and of a step's rollout
 CROWD_EXCHANGE_BYTES = 16 * MiB
@@ -584,10 +586,11 @@ def calibrate(
     memcpy = measure_memcpy()
     serialize_bw, per_object = measure_serialization()
     flops = measure_matmul_flops()
-    gloo = measure_gloo()
-    crowd = measure_gloo_crowd()
+    gloo = median_of_launches(measure_gloo, GLOO_LAUNCHES)
+    crowd = median_of_launches(measure_gloo_crowd, GLOO_LAUNCHES)
     reward_s, scorer = measure_scorer(cfg)
     here = f"measured by --calibrate on {os.uname().nodename} ({cores} cores)"
+    launched = f"median of {GLOO_LAUNCHES} launches"
     profile = {
         "name": f"this machine: {os.uname().nodename}, {cores} CPU cores, gloo over loopback",
         "device": {
@@ -599,9 +602,13 @@ def calibrate(
         },
         "intra_node": {
             "bandwidth": _entry(
-                gloo["both_ways"], "B/s", f"{here}: gloo, 2 processes sending 32 MiB to each other at once"
+                gloo["both_ways"],
+                "B/s",
+                f"{here}: gloo, 2 processes sending 32 MiB to each other at once, {launched}",
             ),
-            "latency": _entry(gloo["latency"], "s", f"{here}: gloo ping-pong of 4 bytes, half a round trip"),
+            "latency": _entry(
+                gloo["latency"], "s", f"{here}: gloo ping-pong of 4 bytes, half a round trip, {launched}"
+            ),
         },
         "inter_node": {
             "bandwidth": _entry(gloo["both_ways"], "B/s", f"{here}: one machine, no network: as intra_node"),
@@ -620,7 +627,7 @@ def calibrate(
                 2 * gloo["latency"], "s", f"{here}: a gloo round trip (a call and its reply)"
             ),
             "driver_nic_bandwidth": _entry(
-                gloo["one_way"], "B/s", f"{here}: gloo, 32 MiB one way into one process"
+                gloo["one_way"], "B/s", f"{here}: gloo, 32 MiB one way into one process, {launched}"
             ),
             "reward_seconds_per_sample": _entry(reward_s, "s", f"{here}: {scorer} on 2000 synthetic answers"),
             "cores": _entry(cores, "", f"{here}: os.sched_getaffinity"),
