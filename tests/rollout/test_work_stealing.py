@@ -1,6 +1,9 @@
 """Work stealing's pure parts (chunking, whom to steal from) and its store protocol on an in-process c10d
 HashStore (two boards in one process; the multi-process run with real engines is test_balanced_rollout.py)."""
 
+import collections
+import concurrent.futures
+
 import pytest
 from torch.distributed import HashStore
 
@@ -140,3 +143,59 @@ def test_when_every_engine_died_nobody_waits_for_adopters():
         boards[e].abandon([])
     with pytest.raises(RuntimeError, match="every engine of the step died"):
         boards[0].wait_for_adopters()
+
+
+class CountingStore:
+    """A HashStore that counts the board's store calls by name."""
+
+    def __init__(self):
+        self.inner, self.calls = HashStore(), collections.Counter()
+
+    def __getattr__(self, name):
+        method = getattr(self.inner, name)
+
+        def counted(*args, **kwargs):
+            self.calls[name] += 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+def _two_boards_with_engine_1_still_generating(store):
+    boards = {e: StoreBoard(store, 0, e, 2, timeout_s=30, steal=False) for e in (0, 1)}
+    for e in (0, 1):
+        boards[e].publish(split_into_chunks(e, [1], 1, 4, 1), [[e]])
+    for e in (0, 1):
+        assert boards[e].claim() is not None
+    boards[0].chunk_done()  # engine 0 is done; engine 1's chunk is still generating
+    return boards
+
+
+def test_an_engine_waiting_for_the_round_makes_one_store_wait_until_the_last_chunk_is_done():
+    # Polling with short waits made c10d log "waitForInput ... timed out after 200ms" every 200 ms per
+    # waiting rank; one wait, answered when the round is done, logs nothing and wakes at once.
+    store = CountingStore()
+    boards = _two_boards_with_engine_1_still_generating(store)
+    store.calls.clear()
+    waiting = concurrent.futures.ThreadPoolExecutor(1).submit(boards[0].claim_orphan)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        waiting.result(timeout=0.6)  # engine 1 is still generating: engine 0 waits
+    assert store.calls["wait"] == 1  # one wait for the round's next event, not one per poll
+    boards[1].chunk_done()  # the round's last chunk
+    assert waiting.result(timeout=10) is None
+
+
+def test_an_engine_waiting_for_the_round_wakes_for_an_orphan_posted_meanwhile():
+    store = CountingStore()
+    boards = _two_boards_with_engine_1_still_generating(store)
+    waiting = concurrent.futures.ThreadPoolExecutor(1).submit(boards[0].claim_orphan)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        waiting.result(timeout=0.3)
+    unfinished = Chunk(1, 0, 0, 1, 5)
+    assert boards[1].abandon([(unfinished, [[1]])]) == 1  # engine 1 dies with its chunk unfinished
+    adopted = waiting.result(timeout=10)
+    assert adopted == (unfinished, [[1]])
+    # the dead engine waits for its adopter the same way, and is woken by the adopted chunk's end
+    dead_waits = concurrent.futures.ThreadPoolExecutor(1).submit(boards[1].wait_for_adopters)
+    boards[0].chunk_done()
+    assert dead_waits.result(timeout=10) is None

@@ -17,7 +17,10 @@ An engine that dies mid-round (its owner rank lives on: rollout.engine_restarts)
 unfinished chunks and its unclaimed own ones as orphans: numbered slots in the store that a live engine
 adopts with one atomic counter per slot, and generates with the chunk's home seeds, so the round's samples
 are the ones it would have had. Every finished chunk is counted (`done`); a live engine looks for orphans
-until the round's every chunk is done, so no orphan is left behind by engines that finished first. When
+until the round's every chunk is done, so no orphan is left behind by engines that finished first. It
+waits for the round's events (numbered keys: the round done, an engine dead and its orphans posted) with
+one store wait each, answered when the event is posted, on a store client of its own
+(distributed/store_client.py) so that the wait holds no other user of the store. When
 every engine of the round is dead, nobody can adopt: the dead owners raise EveryEngineDied (in lock-step
 every rank then regenerates its partition in place, nodes/rollout.py; otherwise the job stops).
 
@@ -26,7 +29,6 @@ claims, up to <seconds>, returning early once every chunk of the round is claime
 the others take; the early return keeps tests fast and their outcome independent of machine load).
 """
 
-import contextlib
 import datetime
 import os
 import pickle
@@ -34,7 +36,6 @@ import time
 from dataclasses import dataclass
 
 SLOW_CLAIMS_ENV = "DISTFLOW_FAULT_SLOW_CLAIMS"
-ORPHAN_POLL_S = 0.2  # how often an engine waiting for the round's end looks for new orphans
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class StoreBoard:
         self.claimed: dict[int, int] = {}  # last counter values seen (claims only ever grow)
         self.slow_s = slow_claims_of(me)
         self._orphans_seen = 0  # orphan slots this engine has looked at (they are only ever appended)
+        self._events_seen = 0  # the round's events (_post_event) this engine has woken for
         self._delete_round(round_index - 2)
 
     def key(self, *parts, round_index: int | None = None) -> str:
@@ -186,6 +188,7 @@ class StoreBoard:
         self._read_plans()
         if int(self.store.add(self.key("done"), 1)) == self._total_chunks():
             self.store.set(self.key("settled"), b"1")
+            self._post_event()
 
     def _total_chunks(self) -> int:
         return sum(len(plan) for plan in self.plans.values())
@@ -201,15 +204,30 @@ class StoreBoard:
             slot = int(self.store.add(self.key("orphan_count"), 1)) - 1
             self.store.set(self.key("orphan", slot), pickle.dumps((chunk, prompts)))
         self.store.add(self.key("dead"), 1)
+        self._post_event()
         return len(orphans)
 
-    def _settled(self, wait_s: float = 0.0) -> bool:
-        """Whether every chunk of the round is done, waiting up to wait_s for it (in the store: an early
-        answer when the last chunk finishes, while the orphan count is looked at again every wait_s)."""
-        if wait_s > 0:
-            with contextlib.suppress(Exception):  # the store's timeout error: not settled yet
-                self.store.wait([self.key("settled")], datetime.timedelta(seconds=wait_s))
+    def _settled(self) -> bool:
+        """Whether every chunk of the round is done."""
         return self.store.check([self.key("settled")]) or self._total_chunks() == 0
+
+    def _post_event(self) -> None:
+        """Wakes the engines waiting on the round (_await_event): the round is done, or an engine died and
+        left orphans. Events are numbered keys, so a waiter that looks late still finds each one."""
+        self.store.set(self.key("event", int(self.store.add(self.key("events"), 1)) - 1), b"")
+
+    def _await_event(self, deadline: float, timeout_message: str) -> None:
+        """Until the round's next event this board has not seen, or TimeoutError(timeout_message) at
+        `deadline` (time.monotonic). One wait in the store, answered when the event is posted: no polling
+        (worker.py gives the board a store client of its own, so the wait holds no other user of the store)."""
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            self.store.wait([self.key("event", self._events_seen)], datetime.timedelta(seconds=left))
+        except Exception as exc:  # the store raises a generic DistStoreError/RuntimeError on timeout
+            raise TimeoutError(timeout_message) from exc
+        self._events_seen += 1
 
     def claim_orphan(self) -> tuple[Chunk, list[list[int]]] | None:
         """A live engine, its own claims exhausted: the next orphan it adopts, waiting (bounded) while chunks
@@ -226,30 +244,30 @@ class StoreBoard:
                     key = self.key("orphan", slot)
                     self._wait([key], f"orphan chunk {slot}")  # numbered before it is written
                     return pickle.loads(self.store.get(key))
-            if self._settled(ORPHAN_POLL_S):
+            if self._settled():
                 return None
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"rollout balance (engine {self.me}, round {self.round}): the round's chunks not all done "
-                    f"within {self.timeout_s:g} s (rollout.balance_timeout_s, default trainer.dist_timeout_s: "
-                    "a frozen engine rank stops the job there)"
-                )
+            self._await_event(
+                deadline,
+                f"rollout balance (engine {self.me}, round {self.round}): the round's chunks not all done "
+                f"within {self.timeout_s:g} s (rollout.balance_timeout_s, default trainer.dist_timeout_s: "
+                "a frozen engine rank stops the job there)",
+            )
 
     def wait_for_adopters(self) -> None:
         """A dead engine, after abandon(): until every chunk of the round is done by the live engines; raises
         EveryEngineDied at once if none is left alive to adopt the orphans."""
         deadline = time.monotonic() + self.timeout_s
-        while not self._settled(ORPHAN_POLL_S):
+        while not self._settled():
             if int(self.store.add(self.key("dead"), 0)) >= self.num_engines:
                 raise EveryEngineDied(
                     f"rollout balance (round {self.round}): every engine of the step died; none is left to "
                     "generate the unfinished chunks"
                 )
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"rollout balance (engine {self.me}, round {self.round}): my orphaned chunks not generated "
-                    f"by another engine within {self.timeout_s:g} s (rollout.balance_timeout_s)"
-                )
+            self._await_event(
+                deadline,
+                f"rollout balance (engine {self.me}, round {self.round}): my orphaned chunks not generated "
+                f"by another engine within {self.timeout_s:g} s (rollout.balance_timeout_s)",
+            )
 
     def finish(self, generated: dict[Chunk, list], generated_tokens: int) -> tuple[dict[int, list], dict]:
         """post_results, then collect."""
@@ -299,6 +317,11 @@ class StoreBoard:
             orphans = int(self.store.add(self.key("orphan_count", round_index=round_index), 0))
             old += [self.key("orphan", i, round_index=round_index) for i in range(orphans)]
             old += [self.key("orphan_claim", i, round_index=round_index) for i in range(orphans)]
-            old += [self.key(k, round_index=round_index) for k in ("orphan_count", "done", "dead", "settled")]
+            events = int(self.store.add(self.key("events", round_index=round_index), 0))
+            old += [self.key("event", i, round_index=round_index) for i in range(events)]
+            old += [
+                self.key(k, round_index=round_index)
+                for k in ("orphan_count", "done", "dead", "settled", "events")
+            ]
         for k in old:
             self.store.delete_key(k)

@@ -23,6 +23,7 @@ from torch.distributed import distributed_c10d
 
 from distflow.batch import PackedBatch
 from distflow.distributed import resolve_device
+from distflow.distributed.store_client import own_store_client
 from distflow.workers.rollout import (
     chunked_generation,
     engine_health,
@@ -275,12 +276,15 @@ class RolloutWorker:
             r.balance_chunk_prompts,
         )
 
+        timeout_s = r.balance_timeout_s or self.cfg.trainer.dist_timeout_s
+        # a client of the board's own: its waits for the round's end hold no other user of the store
+        store = own_store_client("rollout_balance", timeout_s) or distributed_c10d._get_default_store()
         board = work_stealing.StoreBoard(
-            distributed_c10d._get_default_store(),
+            store,
             self._balance_round,
             self.engine_index,
             self.num_engines,
-            r.balance_timeout_s or self.cfg.trainer.dist_timeout_s,
+            timeout_s,
             steal=r.balance == "steal",
         )
         board.publish(chunks, prompt_ids)
