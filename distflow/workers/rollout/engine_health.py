@@ -71,6 +71,9 @@ class EngineMonitor:
         self.dead_reason: str | None = None
         self.timed_out = False
         self.in_call = False
+        self._calls = 0
+        """Calls begun; tells the call a stop was meant for from a later one."""
+        self._stopped_call = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="sglang-engine-monitor", daemon=True)
 
@@ -120,7 +123,25 @@ class EngineMonitor:
         # A waiting call sees the loop stop (run_until_complete raises). Set after dead_reason, read after
         # in_call in call(): either the call sees the death first or the loop is stopped under it.
         if self.in_call:
-            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.loop.call_soon_threadsafe(self._stop_call, self._calls)
+
+    def _stop_call(self, call: int) -> None:
+        """On the loop: stops it if call number `call` is still waiting. The loop is shared with the engine that
+        replaces this one, so a stop must not outlive its call: queued while the call was ending, it would
+        end the loop's next run (a restarted engine's first weight sync failed with 'Event loop stopped
+        before Future completed')."""
+        if self.in_call and self._calls == call:
+            self._stopped_call = call
+            self.loop.stop()
+
+    def _run_out_stop(self) -> None:
+        """After a call the monitor stopped: a stop run in the same iteration as the step that completed the
+        call's future leaves run_until_complete's done callback queued, and that callback stops the loop's
+        next run, which passes it on when it too completes in its first iteration. One iteration of the loop
+        (stop, then run_forever) runs it out."""
+        if not self.loop.is_running() and not self.loop.is_closed():
+            self.loop.stop()
+            self.loop.run_forever()
 
     def error(self, what: str) -> EngineDiedError:
         kind = EngineTimeoutError if self.timed_out else EngineDiedError
@@ -142,6 +163,8 @@ class EngineMonitor:
     def call(self, what: str, fn, *args, **kwargs):
         """fn(*args, **kwargs); raises EngineDiedError (with the log tail) if the engine is or becomes dead,
         EngineTimeoutError if it runs past call_timeout_s."""
+        self._calls += 1
+        number = self._calls
         self.in_call = True
         deadline = None
         if self.call_timeout_s is not None:
@@ -162,6 +185,8 @@ class EngineMonitor:
             if deadline is not None:
                 deadline.cancel()
             self.in_call = False
+            if self._stopped_call == number:
+                self._run_out_stop()
 
 
 def _name(proc) -> str:
