@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from distflow.distributed import training_world
+from distflow.distributed.store_client import attempt_store
 from distflow.layout import LayoutError, ParallelLayout, Placement
 
 
@@ -76,14 +77,7 @@ def _attempt_store(env: RankEnv, timeout: datetime.timedelta):
     --max-restarts never resumed). None outside torchrun: env:// as usual."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        env.world_size,
-        is_master=False,
-        timeout=timeout,
-    )
-    return dist.PrefixStore(f"distflow/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    return attempt_store(timeout, world_size=env.world_size)
 
 
 def restarts() -> dict[str, int]:

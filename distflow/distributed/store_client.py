@@ -15,22 +15,30 @@ import os
 import torch.distributed as dist
 
 
+def attempt_store(
+    timeout: datetime.timedelta, name: str = "", world_size: int | None = None, wait_for_workers: bool = True
+):
+    """A new TCPStore client on the server the job's ranks met at (MASTER_ADDR:MASTER_PORT), its keys under
+    this attempt's prefix, distflow/attempt_<TORCHELASTIC_RESTART_COUNT>[/name]: a torchrun restart gets
+    fresh keys, none left by the failed attempt."""
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,
+        timeout=timeout,
+        wait_for_workers=wait_for_workers,
+    )
+    prefix = f"distflow/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return dist.PrefixStore(f"{prefix}/{name}" if name else prefix, client)
+
+
 @functools.cache
 def own_store_client(name: str, timeout_s: float):
     """A TCPStore client of this process's own for `name`'s keys, on the server the job's ranks met at
-    (MASTER_ADDR:MASTER_PORT: torchrun's agent store, or rank 0's env:// store), under this attempt's
-    prefix (a torchrun restart gets fresh keys, as process_groups' attempt store does). One per name and
-    process. None where the job has no such server (no MASTER_ADDR or MASTER_PORT): the caller then uses
-    the default store."""
-    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not host or not port:
+    (torchrun's agent store, or rank 0's env:// store), under this attempt's prefix (attempt_store). One per
+    name and process. None where the job has no such server (no MASTER_ADDR or MASTER_PORT): the caller
+    then uses the default store."""
+    if not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
         return None
-    client = dist.TCPStore(
-        host,
-        int(port),
-        is_master=False,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        wait_for_workers=False,
-    )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"distflow/attempt_{attempt}/{name}", client)
+    return attempt_store(datetime.timedelta(seconds=timeout_s), name, wait_for_workers=False)
