@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from distflow.plan.model_size import ModelArch
-from distflow.plan.simulate import calibrate
+from distflow.plan.simulate import engine_probe
 from distflow.testing.launch import tagged_json, torchrun
 from distflow.workers.rollout import (
     EngineDiedError,
@@ -154,7 +154,7 @@ def test_weight_updates_change_and_restore_the_output(started, tiny_qwen2):
 def test_prompts_the_engine_has_not_seen_cost_the_prefill_the_calibration_measures(started, tiny_qwen2):
     # the simulator's CPU prefill rate: new prompts against the same ones again, held by the radix cache
     vocab = ModelArch.from_json(tiny_qwen2).vocab_size
-    assert calibrate.measure_prefill(started["engine"], vocab, length=60) > 0.0
+    assert engine_probe.measure_prefill(started["engine"], vocab, length=60) > 0.0
 
 
 def test_release_and_resume_memory(started):

@@ -221,9 +221,9 @@ class StoreBoard:
         `deadline` (time.monotonic). One wait in the store, answered when the event is posted: no polling
         (worker.py gives the board a store client of its own, so the wait holds no other user of the store)."""
         left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(timeout_message)
         try:
-            if left <= 0:
-                raise TimeoutError
             self.store.wait([self.key("event", self._events_seen)], datetime.timedelta(seconds=left))
         except Exception as exc:  # the store raises a generic DistStoreError/RuntimeError on timeout
             raise TimeoutError(timeout_message) from exc
