@@ -101,3 +101,29 @@ def test_a_stop_in_the_iteration_that_completes_the_call_does_not_stop_the_next_
     finally:
         del old_engine, new_engine
         loop.close()
+
+
+def test_the_tasks_a_call_leaves_when_the_engine_dies_under_it_are_kept_for_its_shutdown():
+    """A call the monitor stops leaves its tasks pending on the shared loop (a chunked generation's run, its
+    requests' streams); shutdown_engine cancels those it is given here, or garbage collection would later
+    finalize their streams mid-await, each logging 'Task exception was never retrieved'."""
+    loop = asyncio.new_event_loop()
+    monitor = EngineMonitor(engine := Engine(loop), [], log_path=None)
+    earlier = loop.create_task(asyncio.sleep(60))  # the engine's own, from before the call
+
+    async def generate():
+        streams = [asyncio.ensure_future(asyncio.sleep(60)) for _ in range(3)]
+        await asyncio.wait(streams)
+
+    try:
+        threading.Timer(0.2, monitor.mark_dead, args=("engine process 1 died",)).start()
+        with pytest.raises(EngineDiedError):
+            monitor.call("generate", loop.run_until_complete, generate())
+        assert len(monitor.orphaned_tasks) == 4 and earlier not in monitor.orphaned_tasks
+        assert not any(task.done() for task in monitor.orphaned_tasks)
+        for task in [*monitor.orphaned_tasks, earlier]:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*monitor.orphaned_tasks, earlier, return_exceptions=True))
+    finally:
+        del engine
+        loop.close()

@@ -16,6 +16,7 @@ with `call_timeout_s`, a call still waiting after that long stops the loop the s
 counts as dead (EngineTimeoutError: it may still hold half-served requests, so nothing more is sent to it).
 """
 
+import asyncio
 import logging
 import threading
 import weakref
@@ -74,6 +75,11 @@ class EngineMonitor:
         self._calls = 0
         """Calls begun; tells the call a stop was meant for from a later one."""
         self._stopped_call = 0
+        self.orphaned_tasks: set = set()
+        """Tasks a call left pending on the loop when the engine died under it (its requests' streams, a
+        chunked generation's run): shutdown_engine cancels them, as it does the engine's own. Left alone they
+        wait forever, and when garbage collection takes them their streams' finalizers log 'Task exception
+        was never retrieved ... aclose(): asynchronous generator is already running', a screenful a death."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="sglang-engine-monitor", daemon=True)
 
@@ -174,11 +180,13 @@ class EngineMonitor:
         try:
             if self.dead_reason is not None:
                 raise self.error(what)
+            before = asyncio.all_tasks(self.loop)
             return fn(*args, **kwargs)
         except EngineDiedError:
             raise
         except BaseException as exc:
             if self.check():  # also a death since the last poll
+                self.orphaned_tasks |= asyncio.all_tasks(self.loop) - before
                 raise self.error(what) from exc
             raise
         finally:

@@ -467,8 +467,12 @@ def shutdown_engine(engine, timeout_s: float = 30) -> None:
             proc = psutil.Process(pid)
             procs += [proc] + proc.children(recursive=True)
     engine_process.kill(procs, timeout_s)
-    # The engine's event loop is the calling thread's, shared with later engines: end its tasks here.
+    # The engine's event loop is the calling thread's, shared with later engines: end its tasks here, and
+    # those its calls left when it died under them.
     tasks = list(getattr(engine.tokenizer_manager, "asyncio_tasks", ()))
+    if monitor is not None:
+        tasks += [task for task in monitor.orphaned_tasks if not task.done()]
+        monitor.orphaned_tasks.clear()
     for task in tasks:
         task.cancel()
     if tasks:
