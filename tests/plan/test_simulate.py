@@ -18,9 +18,12 @@ from distflow.plan.simulate.data_movement import Driver, Link, pipelined_sends
 from distflow.plan.simulate.generation import (
     Admission,
     EngineCost,
+    calls_idle,
     chunks_in_flight,
     continuous_batching,
     decode_seconds,
+    generation_time,
+    iterations_held,
     quantile_lengths,
 )
 from distflow.plan.simulate.hardware_profile import HARDWARE_DIR, Knobs, load_profile, parse_knobs
@@ -459,3 +462,28 @@ def test_cli_prints_the_table_and_writes_the_plot(tmp_path, capsys):
         "multi/single" in out and "tokens/s" in out and "source" not in out.split("simulated step")[0][-10:]
     )
     assert png.stat().st_size > 10_000
+
+
+def test_an_engine_fed_one_chunk_at_a_time_waits_through_each_chunks_round_trip():
+    cost = EngineCost(0.0, 0.0, 0.0, 0.01, 0.0, call_overhead_s=0.004)
+    one_by_one, two_in_flight = Admission(64, 1), Admission(64, 2)
+    # 128 samples in chunks of 64: two round trips when the second is sent after the first's results,
+    # one (the first's) when the second is already in flight, and one for the whole batch in one call
+    assert calls_idle(one_by_one, 128) == 2 and calls_idle(one_by_one, 129) == 3
+    assert calls_idle(two_in_flight, 128) == 1 and calls_idle(Admission(), 128) == 1
+    assert calls_idle(one_by_one, 0) == 0
+    serial = generation_time(1, 128, 512, 0.0, 8, cost, 1.0, 0.0, admission=one_by_one)
+    overlapped = generation_time(1, 128, 512, 0.0, 8, cost, 1.0, 0.0, admission=two_in_flight)
+    # every answer 8 tokens: the serial engine runs 8 + 8 iterations and two round trips
+    assert serial.calls_s == pytest.approx(0.008) and serial.decode_s == pytest.approx(16 * 0.01)
+    assert serial.seconds == pytest.approx(0.16 + 0.008)
+    assert overlapped.calls_s == pytest.approx(0.004) and overlapped.decode_s == pytest.approx(8 * 0.01)
+
+
+def test_an_answer_ended_by_a_stop_token_holds_its_slot_one_iteration_more():
+    # 5 tokens with EOS: 6 iterations; cut at max_new_tokens 8: 8; 1 token: 2
+    assert list(iterations_held(np.array([5, 8, 1]), 8)) == [6, 8, 2]
+    cost = EngineCost(0.0, 0.0, 0.0, 0.01, 0.0)
+    # 64 answers of 5 tokens (median 5 / 8, no spread) in one call: 6 iterations of 10 ms
+    gen = generation_time(1, 64, 512, 0.0, 8, cost, 5 / 8, 0.0)
+    assert gen.iterations == 6 and gen.decode_s == pytest.approx(0.06) and gen.response_tokens == 64 * 5

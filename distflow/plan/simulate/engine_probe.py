@@ -142,10 +142,10 @@ def measure_prefill(
 
 def measure_engine(model_dir: str, batch: int = 64) -> dict:
     """One SGLang engine (TP 1) on the model: a decode iteration's cost at batch 1 and `batch` (from
-    max_new_tokens 9 vs 1, EOS ignored, seeded requests), each request's own cost, a weight update of all and of half the
-    tensors (a fixed cost and one per tensor), a release +
-    resume of the engine's memory (what a colocated engine does every step with
-    rollout.release_memory_in_training), and the CPU cores the released, idle engine keeps busy."""
+    max_new_tokens 9 vs 1, EOS ignored, seeded requests), each request's own cost, a call's own round trip,
+    a weight update of all and of half the tensors (a fixed cost and one per tensor), a release + resume of
+    the engine's memory (what a colocated engine does every step with rollout.release_memory_in_training),
+    and the CPU cores the released, idle engine keeps busy."""
     engine = start_engine(model_dir, tp=1)
     try:
         prompt = [[1, 2, 3, 4, 5, 6, 7, 8]]
@@ -165,6 +165,10 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
         per_iter = {b: (t[(b, 9)] - t[(b, 1)]) / 8 for b in (1, batch)}
         per_seq = max(0.0, (per_iter[batch] - per_iter[1]) / (batch - 1))
         request = max(0.0, (t[(batch, 1)] - t[(1, 1)]) / (batch - 1))
+        # a call of one request and one token, less that iteration and request: the call's own round trip
+        # (to the scheduler and back through the detokenizer), which a rank sending chunks one at a time
+        # waits through between them (the main job's schedulers sleep 8-10 ms between chunks)
+        call = max(0.0, t[(1, 1)] - per_iter[1] - request)
         tensors = staged_views(HFCheckpoint(model_dir))
 
         def update_with(named):
@@ -195,6 +199,7 @@ def measure_engine(model_dir: str, batch: int = 64) -> dict:
         "decode_iteration_s_per_seq": per_seq,
         "prefill_s_per_token": prefill,
         "request_s": request,
+        "call_s": call,
         "engine_update_s": update,
         "engine_update_s_per_tensor": per_tensor,
         "engine_update_fixed_s": max(0.0, update - per_tensor * len(tensors)),

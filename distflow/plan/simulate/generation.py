@@ -39,7 +39,10 @@ class EngineCost:
     """Fixed per iteration: scheduling, sampling, TP all-reduces."""
     prefill_s_per_token: float
     request_overhead_s: float = 0.0
-    """Per sample, outside the iterations (tokenizing, the request round trip); measured on CPU."""
+    """Per sample, outside the iterations (tokenizing, scheduling, finishing); measured on CPU."""
+    call_overhead_s: float = 0.0
+    """Per generate call, outside its requests and iterations: the call's trip to the scheduler and its
+    results' trip back, while the engine holds nothing else to run; measured on CPU."""
 
     def iteration_s(self, active: int, mean_context: float) -> float:
         memory = self.weights_read_s + active * mean_context * self.kv_read_s_per_token
@@ -60,6 +63,16 @@ def quantile_lengths(count: int, max_new_tokens: int, fraction: float, sigma: fl
     q = (np.arange(count) + 0.5) / count
     normal = np.array([NormalDist().inv_cdf(x) for x in q])
     return np.rint(np.clip(median * np.exp(sigma * normal), 1, max_new_tokens)).astype(np.int64)
+
+
+def iterations_held(lengths: np.ndarray, max_new_tokens: int) -> np.ndarray:
+    """The iterations each response keeps its slot: its length, and one more where a stop token ended it
+    before max_new_tokens. SGLang runs that iteration before the sample leaves the batch: on the CPU
+    engine a chunk of 64 answers of at most 5 tokens (EOS included) ran 6 forwards, one of 6 ran 7, and an
+    answer of 1 token stayed for 2 (8 tokens cut at max_new_tokens 8 ran 8); the GPU's overlap scheduler
+    launches the next batch before the last one's finishes are known, the same one iteration. So each
+    chunk's longest answer costs an iteration more than its tokens."""
+    return lengths + (lengths < max_new_tokens)
 
 
 @dataclass(frozen=True)
@@ -126,6 +139,8 @@ class GenerationTime:
     prefill_s: float
     decode_s: float
     request_s: float
+    calls_s: float
+    """The round trips of the calls the engine idles through (calls_idle(admission, ...) of them)."""
     iterations: int
     """Decode iterations of the slowest engine."""
     mean_iterations: float
@@ -135,7 +150,18 @@ class GenerationTime:
 
     @property
     def seconds(self) -> float:
-        return self.prefill_s + self.decode_s + self.request_s
+        return self.prefill_s + self.decode_s + self.request_s + self.calls_s
+
+
+def calls_idle(admission: Admission, samples: int) -> int:
+    """Generate calls whose round trip the engine waits through with nothing to run: the first, and with
+    one chunk in flight every chunk's (the next is sent only once the last one's results are back); with
+    several in flight a chunk's round trip passes while the others generate."""
+    if not samples:
+        return 0
+    if admission.chunk_samples is None or admission.chunks_in_flight > 1:
+        return 1
+    return math.ceil(samples / admission.chunk_samples)
 
 
 def generation_time(
@@ -156,7 +182,9 @@ def generation_time(
     # Engines are statistically alike: beyond a few hundred, more draws only sharpen the maximum.
     for _ in range(engines):
         lengths = response_lengths(rng, samples_per_engine, max_new_tokens, fraction, sigma)
-        decode, n_iter = decode_seconds(lengths, slots, prompt_len, cost, admission)
+        decode, n_iter = decode_seconds(
+            iterations_held(lengths, max_new_tokens), slots, prompt_len, cost, admission
+        )
         iters.append(n_iter)
         tokens += int(lengths.sum())
         if decode >= worst[0]:
@@ -166,6 +194,7 @@ def generation_time(
         prefill_s=prefill,
         decode_s=worst[0],
         request_s=samples_per_engine * cost.request_overhead_s,
+        calls_s=calls_idle(admission, samples_per_engine) * cost.call_overhead_s,
         iterations=worst[1],
         mean_iterations=float(np.mean(iters)) if iters else 0.0,
         response_tokens=tokens,

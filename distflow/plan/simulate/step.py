@@ -103,7 +103,9 @@ def engine_cost(arch: ModelArch, engine_tp: int, profile: Profile, spans_nodes: 
             iteration_overhead_s=m["decode_iteration_s_base"],
             prefill_s_per_token=m.get("prefill_s_per_token", 0.0),
             request_overhead_s=m.get("request_s", 0.0),
+            call_overhead_s=m.get("call_s", 0.0),
         )
+    # a call's round trip (call_overhead_s) is left out here: milliseconds against generations of seconds
     hbm = profile.hbm_bandwidth.value * k.decode_bandwidth_efficiency
     tp_latency = (profile.inter_latency if spans_nodes else profile.intra_latency).value
     return EngineCost(
