@@ -1,6 +1,7 @@
 """The SGLang engine's figures for the calibrated profile (calibrate.py): a decode iteration's cost by batch,
-a prompt token's prefill, a request's own cost, a weight update (fixed and per tensor), a release and resume of
-its memory, the CPU cores it keeps busy idle and generating, and how much slower engines generate at once."""
+a prompt token's prefill, a request's own cost, a call's own round trip, a weight update (fixed and per
+tensor), a release and resume of its memory, the CPU cores it keeps busy idle and generating, and how much
+slower engines generate at once."""
 
 import os
 import statistics
