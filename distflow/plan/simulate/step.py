@@ -41,6 +41,7 @@ from distflow.plan.simulate.generation import (
     quantile_lengths,
 )
 from distflow.plan.simulate.hardware_profile import Profile
+from distflow.plan.simulate.padded_tokens import padded_pass
 from distflow.plan.simulate.weight_sync import weight_sync_seconds
 
 PHASES = ("generate", "reward", "logprob", "train", "data", "sync", "control")
@@ -201,8 +202,9 @@ def simulate_step(
         layout = getattr(cluster, node.role)
         rc = getattr(cfg, node.role)
         trains = node.id.startswith("train_")
-        tokens_per_dp = out.tokens / layout.dp
-        mb_tokens = rc.max_tokens_per_micro_batch if rc.use_dynamic_batch else rc.micro_batch_size * mean_len
+        # the tokens computed: the busiest DP rank's rows padded as the worker cuts its micro-batches
+        padded = padded_pass(lengths, n, layout.dp, rc, layout.tp, layout.pp, layout.vpp, trains)
+        tokens_per_dp = padded.tokens
         mini_batches = max(1, prompts // (getattr(rc, "mini_batch_size", None) or prompts)) if trains else 1
         epochs = getattr(rc, "ppo_epochs", 1) if trains else 1
         shard = megatron_shard_params(arch, layout.tp, layout.pp, layout.ep, layout.etp, 0)
@@ -217,7 +219,7 @@ def simulate_step(
             recompute=trains and getattr(rc, "recompute_granularity", None) == "full",
             pp=layout.pp,
             vpp=layout.vpp,
-            micro_batches=max(1, math.ceil(tokens_per_dp / mini_batches / mb_tokens)),
+            micro_batches=padded.micro_batches,
             tp=layout.tp,
             tp_bandwidth=(intra if layout.tp <= per_node else inter).bandwidth,
             tp_latency=(intra if layout.tp <= per_node else inter).latency,
