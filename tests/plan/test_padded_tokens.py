@@ -33,6 +33,9 @@ def test_a_micro_batch_computes_every_row_padded_to_its_longest():
 def test_the_busiest_data_parallel_rank_sets_the_pass():
     # prompt groups dealt to 2 DP ranks: 10 + 4 padded to 2 x 10 on rank 0, 6 + 6 on rank 1
     assert padded_pass(LENGTHS, 2, 2, role(), 1, 1, 1, True).tokens == 20
+    # the long prompt last, on the last of 3 ranks: 2 x 11 there, against 2 x 3 and 2 x 6
+    three = np.array([3, 3, 6, 6, 11, 4])
+    assert padded_pass(three, 2, 3, role(), 1, 1, 1, True).tokens == 22
 
 
 def test_sequence_parallel_and_the_pipelines_shapes_pad_further():

@@ -31,9 +31,8 @@ def padded_pass(
     data coordinator keeps them on one DP rank); prompt groups are dealt to the DP ranks in turn.
     role_cfg: the role's MegatronRoleConfig (micro-batching, mini_batch_size, sequence_parallel)."""
     groups = np.asarray(lengths).reshape(-1, samples_per_prompt)
-    ranks = sorted(
-        {round(i * (dp - 1) / max(1, SAMPLED_DP_RANKS - 1)) for i in range(min(dp, SAMPLED_DP_RANKS))}
-    )
+    sampled = min(dp, SAMPLED_DP_RANKS)
+    ranks = sorted({round(i * (dp - 1) / max(1, sampled - 1)) for i in range(sampled)})
     rows_per_mini_batch = (
         (getattr(role_cfg, "mini_batch_size", 0) or 0) * samples_per_prompt // dp if trains else 0
     )
