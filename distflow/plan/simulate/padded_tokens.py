@@ -44,25 +44,16 @@ def padded_pass(
         rank_lengths = groups[rank::dp].reshape(-1).tolist()
         tokens, most = 0, 1
         for rows in batching.mini_batch_ranges(len(rank_lengths), rows_per_mini_batch):
-            cut = _cut(rank_lengths[rows.start : rows.stop], role_cfg, multiple)
+            mini = rank_lengths[rows.start : rows.stop]
+            cut = batching.row_groups(mini, role_cfg, multiple)
             most = max(most, len(cut))
-            if uniform:
-                width = _round_up(max(max(rank_lengths[rows.start + i] for i in g) for g in cut), pad)
-                tokens += len(cut) * max(len(g) for g in cut) * width
-            else:
-                tokens += sum(
-                    len(g) * _round_up(max(rank_lengths[rows.start + i] for i in g), pad) for g in cut
-                )
+            # each micro-batch's (rows, padded length), or one shape for all of them
+            shapes = (
+                [batching.uniform_shape(cut, mini, pad)] * len(cut)
+                if uniform
+                else [batching.uniform_shape([g], mini, pad) for g in cut]
+            )
+            tokens += sum(r * length for r, length in shapes)
         if tokens > busiest.tokens:
             busiest = PaddedPass(tokens, most)
     return busiest
-
-
-def _cut(lengths: list[int], role_cfg, multiple: int) -> list[list[int]]:
-    if role_cfg.use_dynamic_batch:
-        return batching.token_budget_micro_batches(lengths, role_cfg.max_tokens_per_micro_batch, multiple)
-    return batching.fixed_micro_batches(len(lengths), role_cfg.micro_batch_size, multiple)
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-max(1, value) // multiple) * multiple

@@ -34,6 +34,14 @@ def fixed_micro_batches(num_rows: int, micro_batch_size: int, multiple_of: int =
     return [list(range(bounds[i], bounds[i + 1])) for i in range(count)]
 
 
+def row_groups(lengths: list[int], role_cfg, multiple_of: int = 1) -> list[list[int]]:
+    """The micro-batches of a role's rows: by its token budget (role_cfg.use_dynamic_batch,
+    max_tokens_per_micro_batch) or its micro_batch_size, in a count that is a multiple of `multiple_of`."""
+    if role_cfg.use_dynamic_batch:
+        return token_budget_micro_batches(lengths, role_cfg.max_tokens_per_micro_batch, multiple_of)
+    return fixed_micro_batches(len(lengths), role_cfg.micro_batch_size, multiple_of)
+
+
 def token_budget_micro_batches(lengths: list[int], max_tokens: int, multiple_of: int = 1) -> list[list[int]]:
     """Partition rows into the fewest micro-batches whose padded cost is <= max_tokens, balanced by cost.
 

@@ -309,12 +309,7 @@ class MegatronWorker:
         lengths = batching.sequence_lengths(batch["attention_mask"])
         # The interleaved schedule needs a multiple of pp micro-batches.
         multiple = self.layout.pp if len(self.chunks) > 1 else 1
-        if self.cfg.use_dynamic_batch:
-            groups = batching.token_budget_micro_batches(
-                lengths, self.cfg.max_tokens_per_micro_batch, multiple
-            )
-        else:
-            groups = batching.fixed_micro_batches(len(lengths), self.cfg.micro_batch_size, multiple)
+        groups = batching.row_groups(lengths, self.cfg, multiple)
         # Sequence parallelism splits the sequence over TP ranks.
         pad = self.layout.tp if self.config.sequence_parallel else 1
         # Without a shape exchange between pipeline stages, every micro-batch has the same shape.
